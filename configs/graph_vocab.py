@@ -1,0 +1,18 @@
+"""Graph navigation transfer, "different vocabulary" pair (reference Table 3, rows 1 and 4).
+
+  python -m xlt.main --config=configs/graph_vocab.py --workdir=runs/graph_vocab
+
+Language 1 = edge lists, plain ids (N=2048); language 2 = edge lists with ids shifted by
+10000 (M=256), so no node token is shared. Reference validity: lang 2 alone 23.9%,
+mixed 57.32% ± 4.2 (M=512: 64.45% → 82.62%); lang 1 alone 97.26%, mixed 99.32%.
+"""
+
+from configs import graph
+
+
+def get_config():
+  c = graph.get_config()
+  c.name = "graph_diff_vocab"
+  c.mixture.source = "edge_plain"
+  c.mixture.target = "edge_offset"
+  return c

@@ -1,0 +1,34 @@
+"""Test setup: 8 fake CPU devices, so sharding is tested without hardware.
+
+The flag must be set before jax is imported anywhere.
+"""
+
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
+import pathlib
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # so configs/ and xlt/ import from a plain checkout
+
+
+@pytest.fixture
+def graph_config():
+  """configs/graph.py shrunk to a model and budget that train in seconds."""
+  from configs import graph
+
+  c = graph.get_config()
+  c.num_seeds = 2
+  c.model.num_layers, c.model.num_heads, c.model.d_model, c.model.block_size = 2, 2, 32, 64
+  c.mixture.source_samples, c.mixture.target_samples = 256, 64
+  c.graph.num_test_pairs, c.graph.num_val_pairs = 64, 32
+  c.train.batch_size, c.train.steps, c.train.eval_every = 16, 12, 6
+  c.train.checkpoint_every, c.train.log_every = 4, 2
+  c.opt.warmup_steps = 2
+  c.eval.batch_size = 64
+  c.mesh.data, c.mesh.devices = 1, 1
+  return c

@@ -1,0 +1,72 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from xlt import experiment, results
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_graph_experiment_writes_results(graph_config, tmp_path):
+  rows = experiment.run(graph_config, str(tmp_path), progress=False)
+  on_disk = json.load(open(tmp_path / "results.json"))
+  assert on_disk == rows
+  keys = {(r["language"], r["role"], r["condition"], r["metric"]) for r in rows}
+  for lang, role in (("node_plain", "source"), ("edge_plain", "target")):
+    for cond in ("alone", "mixed"):
+      assert (lang, role, cond, "valid") in keys and (lang, role, cond, "shortest") in keys
+  for r in rows:
+    assert set(results.FIELDS) <= set(r)
+    assert r["seeds"] == 2 and len(r["values"]) == 2
+    assert all(0.0 <= v <= 1.0 for v in r["values"])
+    assert r["mean"] == pytest.approx(np.mean(r["values"]))
+  assert {r["samples"] for r in rows if r["role"] == "target"} == {64}
+  for name in ("results.csv", "table.md", "curves.png", "summary.json", "metrics.jsonl"):
+    assert (tmp_path / name).exists(), name
+  assert "| graph_diff_grammar | node_plain | edge_plain | 256 | 64 |" in (tmp_path / "table.md").read_text()
+  # a finished experiment is not trained again: the rerun only evaluates
+  assert experiment.run(graph_config, str(tmp_path), progress=False) == rows
+
+
+def test_make_row_validates():
+  with pytest.raises(ValueError, match="missing"):
+    results.make_row(language="x", values=[1.0])
+  r = results.make_row(experiment="e", task="t", language="l", role="target", condition="alone",
+                       metric="valid", samples=3, values=[0.5, 1.0])
+  assert r["mean"] == 0.75 and r["std"] == pytest.approx(np.std([0.5, 1.0], ddof=1))
+
+
+def _main(workdir, *extra):
+  overrides = ["--config.num_seeds=1", "--config.model.num_layers=2", "--config.model.d_model=32",
+               "--config.model.num_heads=2", "--config.mixture.source_samples=256",
+               "--config.mixture.target_samples=64", "--config.graph.num_test_pairs=64",
+               "--config.graph.num_val_pairs=32", "--config.train.batch_size=16",
+               "--config.train.steps=40", "--config.train.eval_every=20", "--config.train.checkpoint_every=5",
+               "--config.eval.batch_size=64", "--config.mesh.data=1", "--config.mesh.devices=1"]
+  env = dict(os.environ, XLA_FLAGS="", XLT_NO_TCMALLOC="1", PYTHONUNBUFFERED="1")
+  return [sys.executable, "-m", "xlt.main", "--config=configs/graph.py", f"--workdir={workdir}",
+          *overrides, *extra], env
+
+
+def test_sigkill_and_rerun_gives_the_uninterrupted_result(tmp_path):
+  cmd, env = _main(tmp_path / "full")
+  subprocess.run(cmd, env=env, cwd=REPO, check=True, capture_output=True)
+  cmd, env = _main(tmp_path / "killed")
+  proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  ckpt = tmp_path / "killed" / "ckpt"
+  deadline = time.time() + 120
+  while time.time() < deadline and not (ckpt.exists() and any(p.name.isdigit() and int(p.name) >= 10 for p in ckpt.iterdir())):
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert not (tmp_path / "killed" / "results.json").exists()
+  subprocess.run(cmd, env=env, cwd=REPO, check=True, capture_output=True)
+  full = json.load(open(tmp_path / "full" / "results.json"))
+  resumed = json.load(open(tmp_path / "killed" / "results.json"))
+  assert [r["values"] for r in full] == [r["values"] for r in resumed]

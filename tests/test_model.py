@@ -1,0 +1,72 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from xlt import evaluate, model
+
+
+def _param_count(v, t, l, d, tied=False):
+  block = 4 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d)
+  return v * d + t * d + l * block + 2 * d + (0 if tied else d * v)
+
+
+def test_reference_graph_config_parameter_count():
+  cfg = model.Config(vocab_size=104, block_size=128, num_layers=6, num_heads=4, d_model=64)
+  n = model.count_params(model.init_params(cfg, jax.random.key(0)))
+  assert n == _param_count(104, 128, 6, 64) == 321536
+  assert 2.9e5 < n < 3.5e5  # the reference reports ~3.1e5
+
+
+def test_reference_addition_config_parameter_count():
+  cfg = model.Config(vocab_size=40, block_size=64, num_layers=12, num_heads=8, d_model=128)
+  n = model.count_params(model.init_params(cfg, jax.random.key(0)))
+  assert n == _param_count(40, 64, 12, 128)
+  assert 2.3e6 < n < 2.6e6  # the reference reports ~2.5e6
+
+
+def test_param_paths_name_block_and_kind():
+  cfg = model.Config(vocab_size=10, num_layers=2, num_heads=2, d_model=8)
+  params = model.init_params(cfg, jax.random.key(0))
+  info = {jax.tree_util.keystr(p): model.path_info(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+  assert info["['block_1']['mlp']['fc']['kernel']"] == (1, "mlp")
+  assert info["['block_0']['attn']['qkv']['kernel']"] == (0, "attn")
+  assert info["['block_0']['ln_2']['scale']"] == (0, "norm")
+  assert info["['wte']['embedding']"] == (None, "embedding")
+  assert info["['lm_head']['kernel']"] == (None, "head")
+  # every parameter has logical axes of its rank
+  axes = model.logical_axes(cfg)
+  for x, spec in zip(jax.tree.leaves(params), jax.tree.leaves(axes, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))):
+    assert len(spec) == x.ndim
+
+
+def test_causality():
+  cfg = model.Config(vocab_size=20, block_size=16, num_layers=2, num_heads=2, d_model=16)
+  params = model.init_params(cfg, jax.random.key(1))
+  x = jax.random.randint(jax.random.key(2), (2, 10), 0, 20)
+  y = x.at[:, 6:].set((x[:, 6:] + 1) % 20)
+  lx, _ = model.apply(cfg, params, x)
+  ly, _ = model.apply(cfg, params, y)
+  np.testing.assert_allclose(lx[:, :6], ly[:, :6], atol=1e-6)
+  assert not np.allclose(lx[:, 6:], ly[:, 6:])
+
+
+def test_greedy_decode_with_cache_equals_full_forward_argmax():
+  cfg = model.Config(vocab_size=20, block_size=24, num_layers=2, num_heads=2, d_model=16)
+  params = model.init_params(cfg, jax.random.key(3))
+  prompts = np.array([[5, 6, 7, 0], [1, 2, 3, 4]], np.int32)  # lengths 3 and 4
+  lens = np.array([3, 4], np.int32)
+  out = np.asarray(evaluate.greedy_decode(cfg, params, prompts, lens, max_new=8, min_prompt=3))
+  for row, plen in zip(out, lens):
+    seq = list(row[:plen])
+    for _ in range(out.shape[1] - plen):  # reference: no cache, recompute everything
+      logits, _ = model.apply(cfg, params, jnp.asarray([seq]))
+      seq.append(int(jnp.argmax(logits[0, -1])))
+    np.testing.assert_array_equal(row, seq)
+
+
+def test_bad_model_config():
+  with pytest.raises(ValueError, match="not divisible by num_heads"):
+    model.Config(vocab_size=10, d_model=30, num_heads=4)
+  with pytest.raises(ValueError, match="must be positive"):
+    model.Config(vocab_size=0)

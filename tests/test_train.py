@@ -1,0 +1,98 @@
+import jax
+import numpy as np
+import pytest
+
+from xlt import experiment, loop, model, sharding
+from xlt import train as train_lib
+from xlt.data import common
+
+
+def _members(c, seeds=(0, 1)):
+  task = experiment.get_task(c)
+  enc = common.encode_examples(task.train[c.mixture.source], task.tokenizer, task.seq_len)
+  cfg = experiment.model_config(c, task)
+  arrays = {"tokens": enc.tokens, "loss_mask": enc.loss_mask}
+  return cfg, [loop.Member(f"m{s}", s, arrays) for s in seeds]
+
+
+def _assert_trees_close(a, b, **tol):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
+
+
+def test_training_lowers_the_loss(graph_config, tmp_path):
+  c = graph_config
+  c.train.steps = 60
+  cfg, members = _members(c, seeds=(0,))
+  batch = {k: v[None, :64] for k, v in members[0].train.items()}
+  before = train_lib.eval_loss(cfg, jax.vmap(lambda s: model.init_params(cfg, jax.random.key(s)))(np.array([0])), batch)
+  out = loop.train_ensemble(c, cfg, members, None, str(tmp_path), progress=False)
+  after = train_lib.eval_loss(cfg, out["state"]["params"], batch)
+  assert float(after[0]) < 0.8 * float(before[0])
+  assert out["finished"] and out["step"] == 60
+
+
+def test_ensemble_matches_separate_runs(graph_config, tmp_path):
+  cfg, members = _members(graph_config)
+  together = loop.train_ensemble(graph_config, cfg, members, None, str(tmp_path / "both"), progress=False)
+  for i, m in enumerate(members):
+    alone = loop.train_ensemble(graph_config, cfg, [m], None, str(tmp_path / m.name), progress=False)
+    _assert_trees_close(jax.tree.map(lambda x: x[i], together["state"]["params"]),
+                        jax.tree.map(lambda x: x[0], alone["state"]["params"]), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mesh_spec", [{"data": 8}, {"data": 2, "fsdp": 2, "tensor": 2}, {"fsdp": 4, "tensor": 2}])
+def test_sharded_step_equals_single_device(graph_config, mesh_spec):
+  assert jax.device_count() == 8, "tests/conftest.py sets 8 fake CPU devices"
+  c = graph_config
+  cfg, members = _members(c)
+  tx = train_lib.make_optimizer(c.opt)
+  seeds = [m.seed for m in members]
+  abstract = jax.eval_shape(lambda: train_lib.init_state(cfg, tx, seeds))
+  batch = {k: np.stack([m.train[k][:16] for m in members]) for k in ("tokens", "loss_mask")}
+  results = []
+  for mesh in (sharding.make_mesh({"data": 1}, jax.devices()[:1]), sharding.make_mesh(mesh_spec)):
+    step, st_sh, _ = train_lib.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract)
+    with jax.set_mesh(mesh):
+      state = jax.jit(lambda: train_lib.init_state(cfg, tx, seeds), out_shardings=st_sh)()
+      for _ in range(3):
+        state, metrics = step(state, batch)
+    results.append((jax.device_get(state["params"]), np.asarray(metrics["loss"]), state))
+  (p1, l1, _), (p8, l8, s8) = results
+  np.testing.assert_allclose(l1, l8, rtol=1e-5)
+  _assert_trees_close(p1, p8, rtol=1e-4, atol=1e-5)
+  # and the parameters really are spread over the mesh
+  kernel = s8["params"]["block_0"]["mlp"]["fc"]["kernel"]
+  assert len(kernel.sharding.device_set) == 8
+
+
+def test_kill_and_resume_equals_uninterrupted(graph_config, tmp_path):
+  c = graph_config
+  cfg, members = _members(c)
+  full = loop.train_ensemble(c, cfg, members, None, str(tmp_path / "full"), progress=False)
+  part = loop.train_ensemble(c, cfg, members, None, str(tmp_path / "resumed"), stop_after=7, progress=False)
+  assert not part["finished"] and part["step"] == 7
+  resumed = loop.train_ensemble(c, cfg, members, None, str(tmp_path / "resumed"), progress=False)
+  assert resumed["finished"] and resumed["step"] == c.train.steps
+  for x, y in zip(jax.tree.leaves(full["state"]), jax.tree.leaves(resumed["state"])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_bad_configs_give_clear_errors(graph_config, tmp_path):
+  c = graph_config
+  c.mixture.target = "edge_klingon"
+  with pytest.raises(ValueError, match="unknown graph language"):
+    experiment.get_task(c)
+  c.mixture.target = "edge_plain"
+  c.mixture.target_samples = 10**6
+  with pytest.raises(ValueError, match="distinct shortest paths"):
+    experiment.get_task(c)
+  with pytest.raises(ValueError, match="does not divide the 8 devices"):
+    sharding.make_mesh({"data": 3, "fsdp": -1})
+  with pytest.raises(ValueError, match="needs 4 devices"):
+    sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 1})
+  with pytest.raises(ValueError, match="not divisible by the data x fsdp"):
+    sharding.check_batch(12, sharding.make_mesh({"data": 8}))
+  c.task = "chess"
+  with pytest.raises(ValueError, match="unknown task"):
+    experiment.get_task(c)

@@ -1,0 +1,1 @@
+"""Problem sets ("languages") and input pipelines."""

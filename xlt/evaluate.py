@@ -1,0 +1,93 @@
+"""Evaluation: batched greedy decoding with a KV cache, and perplexity.
+
+Prompts of different lengths share one batch: the cache is prefilled up to the
+shortest prompt, then each step either copies the next prompt token (rows whose prompt
+is longer) or appends the model's argmax. Decoding is vmapped over the ensemble axis.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xlt import model as model_lib
+
+
+def greedy_decode(cfg: model_lib.Config, params, prompts_BxP, prompt_len_B, *, max_new: int,
+                  min_prompt: int):
+  """Returns tokens [B, P + max_new]: each prompt followed by its greedy continuation.
+
+  `min_prompt` (static) is the shortest prompt length in the batch.
+  """
+  b, p = prompts_BxP.shape
+  length = p + max_new
+  if length > cfg.block_size:
+    raise ValueError(f"prompt {p} + {max_new} new tokens exceeds the block size {cfg.block_size}")
+  buf_BxL = jnp.zeros((b, length), jnp.int32).at[:, :p].set(prompts_BxP)
+  cache = model_lib.init_cache(cfg, b, length)
+  logits_BxTxV, cache = model_lib.apply(cfg, params, buf_BxL[:, :min_prompt], cache, 0)
+  next_B = jnp.argmax(logits_BxTxV[:, -1], axis=-1).astype(jnp.int32)
+
+  def body(carry, i):
+    buf_BxL, cache, next_B = carry
+    tok_B = jnp.where(i < prompt_len_B, buf_BxL[:, i], next_B)
+    buf_BxL = buf_BxL.at[:, i].set(tok_B)
+    logits_Bx1xV, cache = model_lib.apply(cfg, params, tok_B[:, None], cache, i)
+    return (buf_BxL, cache, jnp.argmax(logits_Bx1xV[:, 0], axis=-1).astype(jnp.int32)), None
+
+  # The last position needs no forward pass: only its token is written.
+  (buf_BxL, _, next_B), _ = jax.lax.scan(body, (buf_BxL, cache, next_B),
+                                         jnp.arange(min_prompt, length - 1))
+  last = length - 1
+  return buf_BxL.at[:, last].set(jnp.where(last < prompt_len_B, buf_BxL[:, last], next_B))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "min_prompt"))
+def ensemble_decode(cfg, params, prompts_ExBxP, prompt_len_ExB, *, max_new, min_prompt):
+  fn = functools.partial(greedy_decode, cfg, max_new=max_new, min_prompt=min_prompt)
+  return jax.vmap(fn)(params, prompts_ExBxP, prompt_len_ExB)
+
+
+def pad_prompts(prompt_ids: list[list[int]], batch: int) -> tuple[np.ndarray, np.ndarray]:
+  """Right-padded prompts [n_padded, P] (rows repeated up to a multiple of `batch`)
+  and their lengths."""
+  n = len(prompt_ids)
+  n_pad = -(-n // batch) * batch
+  p = max(len(x) for x in prompt_ids)
+  out = np.zeros((n_pad, p), np.int32)
+  lens = np.zeros((n_pad,), np.int32)
+  for i in range(n_pad):
+    ids = prompt_ids[i % n]
+    out[i, : len(ids)] = ids
+    lens[i] = len(ids)
+  return out, lens
+
+
+def decode_answers(cfg, params, prompt_sets: list[list[list[int]]], *, max_new: int, eos_id: int,
+                   batch: int = 512) -> list[list[list[int]]]:
+  """Greedy answers for one prompt list per ensemble member (all lists the same length).
+
+  Returns, per member and prompt, the generated ids up to (not including) EOS.
+  """
+  e, n = len(prompt_sets), len(prompt_sets[0])
+  if any(len(s) != n for s in prompt_sets):
+    raise ValueError("every ensemble member needs the same number of prompts")
+  batch = min(batch, n)
+  padded = [pad_prompts(s, batch) for s in prompt_sets]
+  p = max(x[0].shape[1] for x in padded)
+  prompts = np.stack([np.pad(x[0], ((0, 0), (0, p - x[0].shape[1]))) for x in padded])
+  lens = np.stack([x[1] for x in padded])
+  min_prompt = int(lens.min())
+  out = [[] for _ in range(e)]
+  for start in range(0, prompts.shape[1], batch):
+    toks = np.asarray(ensemble_decode(cfg, params, prompts[:, start:start + batch],
+                                      lens[:, start:start + batch], max_new=max_new,
+                                      min_prompt=min_prompt))
+    for k in range(e):
+      for row, plen in zip(toks[k], lens[k, start:start + batch]):
+        gen = row[plen:].tolist()
+        out[k].append(gen[: gen.index(eos_id)] if eos_id in gen else gen)
+  return [o[:n] for o in out]

@@ -1,0 +1,115 @@
+"""Language-model evaluation: perplexity of packed rows and sampling with a KV cache.
+
+`perplexity` scores packed rows (tokens [N, T], loss_mask [N, T-1], see xlt.data.text) with
+one model or an ensemble (params with a leading axis E), in batches of rows, and returns the
+summed target NLL, the number of scored targets and the per-token perplexity. Per-byte or
+per-character perplexity is exp(nll_sum / bytes) with the byte count of the scored documents
+(`xlt.data.text.text_stats`): the caller knows which documents the rows hold.
+
+`sample` continues prompts with temperature / top-k sampling (temperature 0 = greedy), one
+jitted function: a prefill of the prompt into the KV cache, then `lax.scan` over new tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xlt import model as model_lib
+from xlt import train as train_lib
+
+
+def is_ensemble(params) -> bool:
+  """Whether params carry a leading ensemble axis (the token embedding is [E, V, D])."""
+  return params["wte"]["embedding"].ndim == 3
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "ensemble"))
+def _nll_sums(cfg, params, tokens_BxT, mask_BxT, *, ensemble):
+  fn = lambda p: train_lib.loss_sums(cfg, p, {"tokens": tokens_BxT, "loss_mask": mask_BxT})
+  return jax.vmap(fn)(params) if ensemble else fn(params)
+
+
+def perplexity(cfg: model_lib.Config, params, tokens, loss_mask, batch: int,
+               ensemble: bool | None = None) -> dict:
+  """{"nll_sum", "tokens", "ppl_token"} of rows tokens [N, T] under loss_mask [N, T-1].
+
+  Every model scores the same rows. With an ensemble (auto-detected unless `ensemble` is given)
+  each value is an array [E]; otherwise a float. Sums are accumulated in float64 on the host;
+  the last batch is padded with masked rows, so one shape is compiled.
+  """
+  ensemble = is_ensemble(params) if ensemble is None else ensemble
+  tokens, loss_mask = np.asarray(tokens, np.int32), np.asarray(loss_mask, np.float32)
+  n = len(tokens)
+  if n == 0 or loss_mask.shape != (n, tokens.shape[1] - 1):
+    raise ValueError(f"need rows tokens [N>0, T] and loss_mask [N, T-1], got {tokens.shape}, "
+                     f"{loss_mask.shape}")
+  batch = max(1, min(batch, n))
+  nll, count = 0.0, 0.0
+  for start in range(0, n, batch):
+    tok, mask = tokens[start:start + batch], loss_mask[start:start + batch]
+    if len(tok) < batch:  # pad: zero rows with a zero mask
+      tok = np.concatenate([tok, np.zeros((batch - len(tok), tok.shape[1]), np.int32)])
+      mask = np.concatenate([mask, np.zeros((batch - len(mask), mask.shape[1]), np.float32)])
+    s, c = _nll_sums(cfg, params, tok, mask, ensemble=ensemble)
+    nll, count = nll + np.asarray(s, np.float64), count + np.asarray(c, np.float64)
+  ppl = np.exp(nll / np.maximum(count, 1.0))
+  if not ensemble:
+    nll, count, ppl = float(nll), float(count), float(ppl)
+  return {"nll_sum": nll, "tokens": count, "ppl_token": ppl}
+
+
+def _pick(logits_BxV, key, temperature: float, top_k: int):
+  if temperature == 0:
+    return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+  logits_BxV = logits_BxV / temperature
+  if top_k:
+    kth_Bx1 = jax.lax.top_k(logits_BxV, top_k)[0][:, -1:]
+    logits_BxV = jnp.where(logits_BxV < kth_Bx1, -jnp.inf, logits_BxV)
+  return jax.random.categorical(key, logits_BxV, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "temperature", "top_k"))
+def _sample(cfg, params, prompt_BxP, rng, *, max_new, temperature, top_k):
+  b, p = prompt_BxP.shape
+  cache = model_lib.init_cache(cfg, b, p + max_new)
+  logits_BxPxV, cache = model_lib.apply(cfg, params, prompt_BxP, cache, 0)
+  keys = jax.random.split(rng, max_new)
+  first_B = _pick(logits_BxPxV[:, -1], keys[0], temperature, top_k)
+
+  def body(carry, xs):
+    cache, tok_B = carry
+    i, key = xs
+    logits_Bx1xV, cache = model_lib.apply(cfg, params, tok_B[:, None], cache, p + i)
+    return (cache, _pick(logits_Bx1xV[:, 0], key, temperature, top_k)), tok_B
+
+  # The last new token needs no forward pass of its own.
+  (_, last_B), toks_NxB = jax.lax.scan(body, (cache, first_B),
+                                       (jnp.arange(max_new - 1), keys[1:]))
+  return jnp.concatenate([prompt_BxP, toks_NxB.T, last_B[:, None]], axis=1)
+
+
+def sample(cfg: model_lib.Config, params, prompt_ids, *, max_new: int, temperature: float = 1.0,
+           top_k: int = 0, rng=None):
+  """Prompts [B, P] (or one prompt [P]) followed by `max_new` sampled tokens: [B, P + max_new].
+
+  One model's params (slice an ensemble first). temperature 0 is greedy (argmax; rng unused);
+  top_k > 0 samples among the k most likely tokens. Prompts in one call share a length.
+  """
+  prompt = np.asarray(prompt_ids, np.int32)
+  single = prompt.ndim == 1
+  prompt = prompt[None] if single else prompt
+  if prompt.ndim != 2 or prompt.shape[1] == 0:
+    raise ValueError(f"prompt_ids must be [P] or [B, P] with P > 0, got shape {prompt.shape}")
+  if max_new < 1 or prompt.shape[1] + max_new > cfg.block_size:
+    raise ValueError(f"prompt {prompt.shape[1]} + max_new {max_new} must be in "
+                     f"(prompt, block_size={cfg.block_size}]")
+  if top_k < 0 or top_k > cfg.vocab_size or temperature < 0:
+    raise ValueError(f"need temperature >= 0 and 0 <= top_k <= vocab, got {temperature}, {top_k}")
+  rng = jax.random.key(0 if rng is None else rng) if rng is None or isinstance(rng, int) else rng
+  out = _sample(cfg, params, prompt, rng, max_new=int(max_new), temperature=float(temperature),
+                top_k=int(top_k))
+  return np.asarray(out[0] if single else out)

@@ -1,0 +1,140 @@
+"""The training loop for an ensemble of models: data, jitted steps, periodic held-out
+evaluation, per-member early stopping, metrics and checkpoints.
+
+Each member stops on its own once its held-out score has not improved by `min_delta`
+for `patience` evaluations (or reached `target_score`); a stopped member's state is
+frozen inside the step (see train.train_step), and the loop ends when all have stopped
+or after `train.steps` steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+import optax
+from tqdm.auto import tqdm
+
+from xlt import checkpoint as ckpt_lib
+from xlt import metrics as metrics_lib
+from xlt import model as model_lib
+from xlt import sharding
+from xlt import train as train_lib
+from xlt.data import pipeline
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+  name: str  # e.g. "mixed/seed_1": the run name in logs
+  seed: int  # initialisation and data order
+  train: dict  # {"tokens": [N, T], "loss_mask": [N, T-1]}
+
+
+def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
+                   evaluate: Callable[[object], np.ndarray] | None, workdir: str, *,
+                   tx: optax.GradientTransformation | None = None, mesh=None,
+                   stop_after: int | None = None, progress: bool = True):
+  """Trains the members together. `evaluate(params)` returns one held-out score per
+  member (higher is better). `stop_after` ends the call early (as a crash would)
+  without finishing the run: a later call resumes from the last checkpoint.
+
+  Returns dict(state, history, stopped_at, tokens_per_s, finished).
+  """
+  t = c.train
+  if t.steps <= 0 or t.batch_size <= 0:
+    raise ValueError(f"train.steps and train.batch_size must be positive, got {t.steps}, {t.batch_size}")
+  mesh = mesh or sharding.make_mesh(c.mesh)
+  sharding.check_batch(t.batch_size, mesh)
+  accum = int(t.get("grad_accum", 1))
+  if t.batch_size % accum:
+    raise ValueError(f"train.batch_size={t.batch_size} is not divisible by train.grad_accum={accum}")
+  rules = tuple(tuple(r) for r in c.get("sharding_rules", sharding.DEFAULT_RULES))
+  tx = tx or train_lib.make_optimizer(c.opt)
+  seeds = [m.seed for m in members]
+  abstract = jax.eval_shape(lambda: train_lib.init_state(model_cfg, tx, seeds))
+  step_fn, state_sh, _ = train_lib.make_step(model_cfg, tx, mesh, rules, abstract, accum)
+
+  data = pipeline.ensemble_batches([m.train for m in members], t.batch_size, seeds)
+  mngr = ckpt_lib.manager(os.path.join(workdir, "ckpt"))
+  restored = ckpt_lib.restore(mngr, ckpt_lib.abstract(abstract, state_sh), data)
+  if restored is None:
+    with jax.set_mesh(mesh):
+      state = jax.jit(lambda: train_lib.init_state(model_cfg, tx, seeds), out_shardings=state_sh)()
+    loop = {"step": 0, "best": [-np.inf] * len(members), "since_best": [0] * len(members),
+            "history": [[] for _ in members], "stopped_at": [None] * len(members)}
+  else:
+    state, loop = restored
+  writer = metrics_lib.Writer(workdir, [m.name for m in members])
+  schedule = train_lib.make_schedule(c.opt)
+  tokens_per_step = len(members) * t.batch_size * (members[0].train["tokens"].shape[1] - 1)
+
+  def evaluate_and_stop(step):
+    nonlocal state
+    scores = np.asarray(evaluate(state["params"]), float)
+    active = np.asarray(state["active"]).copy()
+    for i, (m, s) in enumerate(zip(members, scores)):
+      if not active[i]:
+        continue
+      loop["history"][i].append([step, float(s)])
+      writer.write(step, m.name, {"val_score": s})
+      if s > loop["best"][i] + t.min_delta:
+        loop["best"][i], loop["since_best"][i] = float(s), 0
+      else:
+        loop["since_best"][i] += 1
+      if loop["since_best"][i] >= t.patience or s >= t.target_score:
+        active[i] = False
+        loop["stopped_at"][i] = step
+    state["active"] = jax.device_put(active, state_sh["active"])
+    writer.flush()
+
+  start = loop["step"]
+  bar = tqdm(total=t.steps, initial=start, disable=not progress, desc=os.path.basename(workdir) or "train",
+             dynamic_ncols=True)
+  pending, timer, timed_steps, tok_s = None, None, 0, float("nan")
+  step = start
+  with jax.set_mesh(mesh):
+    while step < t.steps and np.asarray(state["active"]).any():
+      if stop_after is not None and step >= stop_after:
+        break
+      batch = next(data)
+      state, metrics = step_fn(state, batch)
+      step += 1
+      # Read the previous step's metrics only now, so the host never waits on the step
+      # it just dispatched.
+      if pending is not None and pending[0] % t.log_every == 0:
+        loss = np.asarray(pending[1]["loss"])
+        if timer is not None and timed_steps:
+          tok_s = tokens_per_step * timed_steps / (time.perf_counter() - timer)
+        for i, m in enumerate(members):
+          writer.write(pending[0], m.name, {"loss": loss[i], "lr": schedule(pending[0]),
+                                            "grad_norm": np.asarray(pending[1]["grad_norm"])[i],
+                                            "tokens_per_s": tok_s})
+        bar.set_postfix(loss=f"{loss.mean():.3f}", tok_s=f"{tok_s:,.0f}")
+        timer, timed_steps = time.perf_counter(), 0
+      pending = (step, metrics)
+      timed_steps += 1
+      if timer is None:  # first step compiled: start timing from here
+        jax.block_until_ready(metrics)
+        timer, timed_steps = time.perf_counter(), 0
+      bar.update(1)
+      if evaluate is not None and (step % t.eval_every == 0 or step == t.steps):
+        evaluate_and_stop(step)
+        timer, timed_steps = None, 0  # evaluation time is not training time
+      loop["step"] = step
+      if step % t.checkpoint_every == 0 or step == t.steps:
+        ckpt_lib.save(mngr, step, state, data, loop)
+  bar.close()
+  finished = step >= t.steps or not np.asarray(state["active"]).any()
+  if finished and mngr.latest_step() != step:
+    ckpt_lib.save(mngr, step, state, data, loop)
+  mngr.wait_until_finished()
+  writer.close()
+  for i in range(len(members)):
+    if loop["stopped_at"][i] is None and finished:
+      loop["stopped_at"][i] = step
+  return {"state": state, "history": loop["history"], "stopped_at": loop["stopped_at"],
+          "tokens_per_s": tok_s, "finished": finished, "step": step}

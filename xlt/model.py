@@ -1,0 +1,194 @@
+"""A GPT decoder in Flax (pre-LayerNorm, causal attention, GELU MLP, learned positions).
+
+Parameters are a plain nested dict whose paths name the block and the module kind:
+
+  wte, wpe, ln_f, lm_head,
+  block_{i}/{ln_1, attn/{qkv, proj}, ln_2, mlp/{fc, proj}}
+
+so a parameter partition or a layer swap is a function of the path (`path_info`).
+Every parameter carries logical axis names (`embed`, `heads`, `mlp`, `vocab`, ...); the
+config's sharding rules map them onto mesh axes (xlt.sharding).
+
+Shape letters: B batch, T query positions, S key positions (cache length), D model
+width, H heads, K head width, V vocabulary, F MLP width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  vocab_size: int
+  block_size: int = 128  # the longest sequence the position table covers
+  num_layers: int = 6
+  num_heads: int = 4
+  d_model: int = 64
+  mlp_ratio: int = 4
+  tie_embeddings: bool = False
+  dtype: str = "float32"  # compute dtype; parameters stay float32
+  ln_eps: float = 1e-5
+
+  def __post_init__(self):
+    for f in ("vocab_size", "block_size", "num_layers", "num_heads", "d_model", "mlp_ratio"):
+      if getattr(self, f) <= 0:
+        raise ValueError(f"model.{f} must be positive, got {getattr(self, f)}")
+    if self.d_model % self.num_heads:
+      raise ValueError(f"model.d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
+
+
+def _init(axes, std=0.02):
+  return nn.with_logical_partitioning(nn.initializers.normal(std), axes)
+
+
+def _zeros(axes):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def _layer_norm(cfg: Config, name: str):
+  return nn.LayerNorm(
+      epsilon=cfg.ln_eps, name=name, dtype=jnp.dtype(cfg.dtype),
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)),
+      bias_init=_zeros(("norm",)))
+
+
+class Attention(nn.Module):
+  cfg: Config
+
+  @nn.compact
+  def __call__(self, x_BxTxD, cache, pos):
+    c, dt = self.cfg, jnp.dtype(self.cfg.dtype)
+    h, k = c.num_heads, c.d_model // c.num_heads
+    qkv_BxTx3xHxK = nn.DenseGeneral(
+        (3, h, k), name="qkv", dtype=dt, kernel_init=_init(("embed", "qkv", "heads", "kv")),
+        bias_init=_zeros(("qkv", "heads", "kv")))(x_BxTxD)
+    q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
+    if cache is not None:  # decoding: write this chunk at `pos`, attend to all written so far
+      k_BxSxHxK = jax.lax.dynamic_update_slice(cache[0], k_BxTxHxK.astype(cache[0].dtype), (0, pos, 0, 0))
+      v_BxSxHxK = jax.lax.dynamic_update_slice(cache[1], v_BxTxHxK.astype(cache[1].dtype), (0, pos, 0, 0))
+      cache = (k_BxSxHxK, v_BxSxHxK)
+    else:  # training / scoring: the keys are the queries' own positions
+      k_BxSxHxK, v_BxSxHxK = k_BxTxHxK, v_BxTxHxK
+    t, s = x_BxTxD.shape[1], k_BxSxHxK.shape[1]
+    causal_TxS = (jnp.arange(t)[:, None] + pos) >= jnp.arange(s)[None, :]
+    att_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK * (k ** -0.5), k_BxSxHxK.astype(dt))
+    att_BxHxTxS = jnp.where(causal_TxS, att_BxHxTxS.astype(jnp.float32), -1e30)
+    att_BxHxTxS = jax.nn.softmax(att_BxHxTxS, axis=-1).astype(dt)
+    out_BxTxHxK = jnp.einsum("bhts,bshk->bthk", att_BxHxTxS, v_BxSxHxK.astype(dt))
+    out_BxTxD = nn.DenseGeneral(
+        c.d_model, axis=(-2, -1), name="proj", dtype=dt,
+        # GPT-2: residual projections start smaller so the residual stream stays O(1).
+        kernel_init=_init(("heads", "kv", "embed"), 0.02 / (2 * c.num_layers) ** 0.5),
+        bias_init=_zeros(("embed",)))(out_BxTxHxK)
+    return out_BxTxD, cache
+
+
+class Mlp(nn.Module):
+  cfg: Config
+
+  @nn.compact
+  def __call__(self, x_BxTxD):
+    c, dt = self.cfg, jnp.dtype(self.cfg.dtype)
+    f = c.mlp_ratio * c.d_model
+    x_BxTxF = nn.Dense(f, name="fc", dtype=dt, kernel_init=_init(("embed", "mlp")),
+                       bias_init=_zeros(("mlp",)))(x_BxTxD)
+    x_BxTxF = nn.gelu(x_BxTxF)
+    return nn.Dense(c.d_model, name="proj", dtype=dt,
+                    kernel_init=_init(("mlp", "embed"), 0.02 / (2 * c.num_layers) ** 0.5),
+                    bias_init=_zeros(("embed",)))(x_BxTxF)
+
+
+class Block(nn.Module):
+  cfg: Config
+
+  @nn.compact
+  def __call__(self, x_BxTxD, cache, pos):
+    y_BxTxD, cache = Attention(self.cfg, name="attn")(_layer_norm(self.cfg, "ln_1")(x_BxTxD), cache, pos)
+    x_BxTxD = x_BxTxD + y_BxTxD
+    x_BxTxD = x_BxTxD + Mlp(self.cfg, name="mlp")(_layer_norm(self.cfg, "ln_2")(x_BxTxD))
+    return x_BxTxD, cache
+
+
+class GPT(nn.Module):
+  """`__call__(tokens_BxT, cache=None, pos=0) -> (logits_BxTxV, cache)`.
+
+  With a cache (from `init_cache`), the tokens are written at positions
+  `pos .. pos+T-1` and attend to every earlier position: prefill and one-token
+  decoding steps are the same call.
+  """
+
+  cfg: Config
+
+  @nn.compact
+  def __call__(self, tokens_BxT, cache=None, pos=0):
+    c, dt = self.cfg, jnp.dtype(self.cfg.dtype)
+    wte = nn.Embed(c.vocab_size, c.d_model, name="wte", embedding_init=_init(("vocab", "embed")))
+    wpe = self.param("wpe", _init(("pos", "embed")), (c.block_size, c.d_model))
+    t = tokens_BxT.shape[1]
+    pos_T = pos + jnp.arange(t)
+    x_BxTxD = (wte(tokens_BxT) + jnp.take(wpe, pos_T, axis=0)[None]).astype(dt)
+    new_cache = []
+    for i in range(c.num_layers):
+      x_BxTxD, layer_cache = Block(c, name=f"block_{i}")(
+          x_BxTxD, None if cache is None else cache[i], pos)
+      new_cache.append(layer_cache)
+    x_BxTxD = _layer_norm(c, "ln_f")(x_BxTxD)
+    if c.tie_embeddings:
+      logits_BxTxV = wte.attend(x_BxTxD)
+    else:
+      logits_BxTxV = nn.Dense(c.vocab_size, use_bias=False, name="lm_head", dtype=dt,
+                              kernel_init=_init(("embed", "vocab")))(x_BxTxD)
+    return logits_BxTxV.astype(jnp.float32), (None if cache is None else tuple(new_cache))
+
+
+def init_cache(cfg: Config, batch: int, length: int | None = None):
+  """Per layer (keys, values), each [B, S, H, K], zero-filled."""
+  s = length or cfg.block_size
+  shape = (batch, s, cfg.num_heads, cfg.d_model // cfg.num_heads)
+  return tuple((jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype)) for _ in range(cfg.num_layers))
+
+
+def init_params(cfg: Config, rng):
+  """Plain (unboxed) parameter dict: {'wte': ..., 'block_0': {...}, ...}."""
+  boxed = GPT(cfg).init(rng, jnp.zeros((1, 1), jnp.int32))["params"]
+  return nn.unbox(boxed)
+
+
+def logical_axes(cfg: Config):
+  """The logical axis names of every parameter, as a pytree of PartitionSpecs."""
+  boxed = jax.eval_shape(lambda: GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))
+  return nn.get_partition_spec(boxed)["params"]
+
+
+def apply(cfg: Config, params, tokens_BxT, cache=None, pos=0):
+  return GPT(cfg).apply({"params": params}, tokens_BxT, cache, pos)
+
+
+def count_params(params) -> int:
+  return sum(x.size for x in jax.tree.leaves(params))
+
+
+_BLOCK = re.compile(r"block_(\d+)$")
+
+
+def path_info(path) -> tuple[int | None, str]:
+  """(block index or None, module kind) of a parameter path, e.g. a key path from
+  `jax.tree_util.tree_flatten_with_path` or a tuple of names.
+
+  kinds: embedding (wte, wpe), attn, mlp, norm (ln_*), head (ln_f, lm_head).
+  """
+  names = [getattr(p, "key", p) for p in path]
+  block = next((int(m.group(1)) for n in names if (m := _BLOCK.match(str(n)))), None)
+  top = str(names[0])
+  if top in ("wte", "wpe"):
+    return None, "embedding"
+  if top in ("ln_f", "lm_head"):
+    return None, "head"
+  kind = next((str(n) for n in names[1:] if str(n) in ("attn", "mlp")), "norm")
+  return block, kind

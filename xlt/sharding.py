@@ -1,0 +1,102 @@
+"""Device mesh and the mapping from logical axes to mesh axes.
+
+The mesh has three axes, sized by the config (`mesh.data`, `mesh.fsdp`, `mesh.tensor`;
+one of them may be -1 = "all remaining devices"; `mesh.devices` > 0 uses only the first
+that many devices):
+  data:   batch only (parameters replicated)
+  fsdp:   batch, and parameters sharded along `embed`
+  tensor: attention heads and MLP width (Megatron-style)
+Models train with a leading *ensemble* axis (seeds/cells trained together), which is
+never sharded.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+AXES = ("data", "fsdp", "tensor")
+BATCH = ("data", "fsdp")
+
+# logical axis -> mesh axis (None: replicated). Overridable from the config.
+DEFAULT_RULES = (
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+    ("qkv", None),
+    ("kv", None),
+    ("pos", None),
+    ("norm", None),
+)
+
+
+def mesh_shape(spec: dict, num_devices: int) -> tuple[int, ...]:
+  sizes = [int(spec.get(a, 1)) for a in AXES]  # "devices" is not an axis
+  if any(s == 0 or s < -1 for s in sizes) or sizes.count(-1) > 1:
+    raise ValueError(f"mesh sizes must be positive, with at most one -1; got {dict(zip(AXES, sizes))}")
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if num_devices % known:
+      raise ValueError(f"mesh {dict(zip(AXES, sizes))} does not divide the {num_devices} devices")
+    sizes[sizes.index(-1)] = num_devices // known
+  if math.prod(sizes) != num_devices:
+    raise ValueError(
+        f"mesh {dict(zip(AXES, sizes))} needs {math.prod(sizes)} devices but {num_devices} are in use")
+  return tuple(sizes)
+
+
+def make_mesh(spec: dict, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A mesh over `devices` (default: all, or the first `spec["devices"]` when set > 0)."""
+  devices = list(devices if devices is not None else jax.devices())
+  n = int(spec.get("devices", -1))
+  if n > len(devices):
+    raise ValueError(f"mesh.devices={n} but only {len(devices)} devices exist")
+  devices = devices[:n] if n > 0 else devices
+  shape = mesh_shape(spec, len(devices))
+  return Mesh(np.asarray(devices).reshape(shape), AXES)
+
+
+def param_shardings(logical_specs, mesh: Mesh, rules=DEFAULT_RULES, ensemble: bool = True):
+  """NamedShardings for parameters (with a leading unsharded ensemble axis)."""
+  mesh_specs = nn.logical_to_mesh(logical_specs, list(rules))
+
+  def to_sharding(spec):
+    spec = tuple(spec) if spec is not None else ()
+    return NamedSharding(mesh, P(*(((None,) if ensemble else ()) + spec)))
+
+  return jax.tree.map(to_sharding, mesh_specs, is_leaf=lambda x: isinstance(x, P) or x is None)
+
+
+def batch_sharding(mesh: Mesh, ndim: int, ensemble: bool = True) -> NamedSharding:
+  """Batch axis over data x fsdp; the ensemble axis (leading) replicated."""
+  lead = (None,) if ensemble else ()
+  return NamedSharding(mesh, P(*lead, BATCH, *([None] * (ndim - len(lead) - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def check_batch(batch_size: int, mesh: Mesh):
+  n = mesh.shape["data"] * mesh.shape["fsdp"]
+  if batch_size % n:
+    raise ValueError(f"batch size {batch_size} is not divisible by the data x fsdp mesh size {n}")
+
+
+def check_divisible(shapes, shardings):
+  """A clear error (instead of XLA's) when a parameter dim does not split evenly."""
+  for (path, shape), sh in zip(jax.tree_util.tree_flatten_with_path(shapes)[0], jax.tree.leaves(shardings)):
+    for dim, axis in zip(shape.shape, sh.spec):
+      if axis is None:
+        continue
+      n = math.prod(sh.mesh.shape[a] for a in (axis if isinstance(axis, tuple) else (axis,)))
+      if dim % n:
+        raise ValueError(
+            f"parameter {jax.tree_util.keystr(path)} of shape {shape.shape}: dim {dim} is "
+            f"not divisible by mesh axis {axis} of size {n}")

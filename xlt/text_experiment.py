@@ -1,0 +1,496 @@
+"""Table 4 of the language-mixing paper: language modelling with a high- and a low-resource
+language (reference: TinyStories English + its Czech translation; test perplexity of Czech).
+
+Four conditions (`c.conditions`), each trained for `c.num_seeds` seeds (or
+`c.seeds_per_condition[cond]`), all as ONE ensemble (`loop.train_ensemble`, one compiled step):
+
+  high_only    all high-resource train documents                 (reference: English only)
+  low_limited  the limited low-resource subset (10% of its train)  (Czech only, limited)
+  low_full     all low-resource train documents                  (Czech only, full)
+  mixed        limited low-resource + all high-resource          (mixed)
+
+Data (`xlt.data.text`): one sentencepiece BPE over both languages' train splits, cached in the
+workdir; each split packed once to workdir/packed/*.npy (rows of block_size + 1 tokens) and
+memory-mapped, so the full corpora never sit in memory; the loss mask is derived from the tokens
+when a batch is read (`LossMaskView`), and the mixed set is a view over two arrays (`RowConcat`).
+A mixed batch draws rows uniformly from the union, so the mix follows the sizes (~1:10).
+
+Budget. The conditions see very different amounts of data; every member gets the SAME step
+budget (`c.train.steps` batches of `c.train.batch_size` rows) and stops early on its own
+validation score, so a small training set is not penalised for overfitting past its best point:
+  score = -(mean NLL per token) on validation rows of the member's *target* language (the
+  low-resource language for low_limited, low_full and mixed; the high-resource one for
+  high_only). Validation rows are the first `c.data.num_val_documents` held-out documents of
+  that language; the TEST rows are the remaining held-out documents (at most
+  `c.data.max_test_documents`, 0 = all). Validation and test share no document, held-out
+  documents are in no training set (and, for a translated pair in the same order, neither is
+  their translation), and the early-stopping number is never reported as a test number.
+A member stops `c.train.patience` evaluations after its best; the parameters tested are those
+of its best validation score (`BestParams`, saved in the workdir so a resumed run agrees).
+
+Results. Every member is scored on both languages' test rows: ppl_token = exp(NLL / scored
+targets) (shared tokenizer, so comparable across conditions), ppl_char and ppl_byte =
+exp(NLL / characters or UTF-8 bytes of the test documents) (comparable across tokenizers; use
+characters across languages). Rows (`results.make_row`): language, role "target" (low) or
+"source" (high), condition, metric, values per seed, samples = training documents of that
+language in the condition. Writes results.json/.csv, table.md (Table 4's shape, with the
+relative improvement of mixed over limited, (limited - mixed) / limited), curves.png (validation
+perplexity), train_loss.png, samples.txt (sampled continuations of test-document prompts) and
+summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xlt import lm
+from xlt import loop as loop_lib
+from xlt import model as model_lib
+from xlt import results as results_lib
+from xlt.data import text
+
+CONDITIONS = ("high_only", "low_limited", "low_full", "mixed")
+ROLES = ("high", "low")
+METRICS = ("ppl_token", "ppl_char", "ppl_byte")
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# ----------------------------------------------------------------------------- row views
+
+
+class RowConcat:
+  """Read-only view of several [N_i, T] row arrays (e.g. memmaps) as one [sum N_i, T] array.
+
+  Supports what the input pipeline needs: len, shape, and indexing by an int array.
+  """
+
+  def __init__(self, arrays):
+    self.arrays = list(arrays)
+    if len({a.shape[1:] for a in self.arrays}) != 1:
+      raise ValueError(f"rows of different widths: {[a.shape for a in self.arrays]}")
+    self.offsets = np.cumsum([0] + [len(a) for a in self.arrays])
+    self.shape = (int(self.offsets[-1]),) + tuple(self.arrays[0].shape[1:])
+    self.dtype = self.arrays[0].dtype
+
+  def __len__(self):
+    return self.shape[0]
+
+  def __getitem__(self, idx):
+    idx = np.arange(len(self))[idx] if isinstance(idx, slice) else np.asarray(idx)
+    flat = idx.reshape(-1)
+    if flat.size and (flat.min() < 0 or flat.max() >= len(self)):
+      raise IndexError(f"row index out of range [0, {len(self)})")
+    source = np.searchsorted(self.offsets, flat, side="right") - 1
+    out = np.empty((len(flat),) + self.shape[1:], self.dtype)
+    for s in np.unique(source):
+      sel = source == s
+      local = flat[sel] - self.offsets[s]
+      order = np.argsort(local)  # sorted reads are kinder to a memmap
+      out[np.flatnonzero(sel)[order]] = self.arrays[s][local[order]]
+    return out.reshape(idx.shape + self.shape[1:])
+
+
+class LossMaskView:
+  """loss_mask [N, T-1] of packed token rows, computed from the rows when indexed."""
+
+  def __init__(self, tokens):
+    self.tokens = tokens
+    self.shape = (len(tokens), tokens.shape[1] - 1)
+    self.dtype = np.dtype(np.float32)
+
+  def __len__(self):
+    return self.shape[0]
+
+  def __getitem__(self, idx):
+    return text.row_features(np.asarray(self.tokens[idx]))["loss_mask"]
+
+
+def packed_counts(tokens, chunk: int = 65536) -> dict[str, int]:
+  """{"documents", "targets"} of packed rows: documents started (bos) and scored targets."""
+  docs = targets = 0
+  for start in range(0, len(tokens), chunk):
+    rows = np.asarray(tokens[start:start + chunk])
+    # Consecutive rows share one token: count position 0 of the very first row only.
+    docs += int((rows[:, 1:] == text.BOS_ID).sum()) + int(start == 0 and rows[0, 0] == text.BOS_ID)
+    targets += int(text.row_features(rows)["loss_mask"].sum())
+  return {"documents": docs, "targets": targets}
+
+
+class BestParams:
+  """Each member's parameters at its best validation score so far: the models that are tested.
+
+  Kept on the host and written to `path` (.npz, atomically) whenever a member improves, so a
+  resumed run tests the same models. (The loop freezes a member `patience` evaluations after
+  its best; on a small training set that is already overfit.)
+  """
+
+  def __init__(self, path: str, num_members: int):
+    self.path, self.scores, self.leaves = path, np.full(num_members, -np.inf), None
+    if os.path.isfile(path):
+      with np.load(path) as f:
+        self.scores = f["scores"]
+        self.leaves = [f[f"leaf_{k}"] for k in range(len(f.files) - 1)]
+      if len(self.scores) != num_members:
+        raise ValueError(f"{path} holds {len(self.scores)} members, the config {num_members}: "
+                         f"use a fresh workdir")
+
+  def update(self, params, scores: np.ndarray):
+    improved = np.asarray(scores) > self.scores
+    if not improved.any():
+      return
+    host = [np.asarray(x) for x in jax.tree.leaves(params)]
+    if self.leaves is None:
+      self.leaves = [h.copy() for h in host]
+    for best, new in zip(self.leaves, host):
+      best[improved] = new[improved]
+    self.scores = np.where(improved, scores, self.scores)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".npz.tmp")
+    with os.fdopen(fd, "wb") as f:
+      np.savez(f, scores=self.scores, **{f"leaf_{k}": x for k, x in enumerate(self.leaves)})
+    os.replace(tmp, self.path)
+
+  def params(self, like):
+    """The best parameters in `like`'s tree structure (`like` itself if none were recorded)."""
+    if self.leaves is None:
+      return like
+    shapes = [x.shape for x in jax.tree.leaves(like)]
+    if shapes != [x.shape for x in self.leaves]:
+      raise ValueError(f"{self.path} does not match the model: use a fresh workdir")
+    return jax.tree.unflatten(jax.tree.structure(like), [jnp.asarray(x) for x in self.leaves])
+
+
+# ---------------------------------------------------------------------------------- data
+
+
+def _resolve_shared_dir(shared_dir: str) -> str:
+  candidates = ([shared_dir] if os.path.isabs(shared_dir) else
+                [os.path.abspath(shared_dir), os.path.join(_REPO_ROOT, shared_dir)])
+  for d in candidates:
+    if os.path.isdir(os.path.join(d, "data")) or (
+        os.path.isdir(d) and os.path.basename(os.path.normpath(d)) == "data"):
+      return os.path.normpath(d)
+  raise FileNotFoundError(
+      f"config.data.shared_dir={shared_dir!r}: no shared data directory at "
+      f"{' or '.join(candidates)}. Set --config.data.shared_dir=/path/to/shared (the folder with "
+      f"data/en_tinystories and data/ru_tinystories_nonparallel), or point at your own corpora "
+      f"with --config.data.high.path=... --config.data.low.path=...")
+
+
+def corpus_specs(c) -> dict[str, text.CorpusSpec]:
+  """{"high": spec, "low": spec} from `c.data.{high,low}` (CorpusSpec fields).
+
+  A spec whose path is unset takes the proxy file of its role under `c.data.shared_dir`
+  (`text.proxy_corpora`); every other field stays as the config says. A missing file or an
+  unset path without a shared_dir is a FileNotFoundError / ValueError that names the flag.
+  """
+  shared = c.data.get("shared_dir")
+  specs = {}
+  for role in ROLES:
+    fields = {k: v for k, v in c.data[role].to_dict().items()}
+    if not fields.get("path"):
+      if not shared:
+        raise ValueError(
+            f"config.data.{role}.path is not set: point it at the {role}-resource corpus, e.g. "
+            f"--config.data.high.path=/data/tinystories_en.txt "
+            f"--config.data.low.path=/data/tinystories_cs.txt")
+      proxy = text.proxy_corpora(_resolve_shared_dir(shared))
+      fields["path"] = proxy[f"{role}_resource"].path
+    spec = text.CorpusSpec(**fields)
+    try:
+      text.corpus_files(spec)
+    except FileNotFoundError as e:
+      raise FileNotFoundError(f"config.data.{role}.path: {e}. Set --config.data.{role}.path= to "
+                              f"an existing file or glob") from None
+    specs[role] = spec
+  return specs
+
+
+def split_spec(c) -> text.SplitSpec:
+  return text.SplitSpec(**c.data.split.to_dict())
+
+
+def language(specs, role: str) -> str:
+  return specs[role].language or role
+
+
+def held_out_rows(spec, split, sp, block_size, num_val: int, max_test: int):
+  """Validation and test rows ({"tokens", "loss_mask"}) and test TextStats, from the held-out
+  documents: the first num_val are validation, the next max_test (0 = all) test."""
+  docs = text.iter_split(text.iter_documents(spec), "held_out", split)
+  val_docs = text.take_documents(docs, num_val)
+  test_docs = text.take_documents(docs, max_test) if max_test else list(docs)
+  if len(val_docs) < num_val or not test_docs:
+    raise ValueError(f"{spec.path}: {len(val_docs) + len(test_docs)} held-out documents, need more "
+                     f"than data.num_val_documents={num_val}; raise data.split.held_out_fraction")
+  out = {}
+  for name, d in (("val", val_docs), ("test", test_docs)):
+    rows = text.packed_arrays(text.pack_documents(
+        text.encode_documents(sp, d), block_size=block_size, bos_id=sp.bos_id(),
+        eos_id=sp.eos_id(), pad_id=sp.pad_id()))
+    out[name] = {"tokens": rows["tokens"], "loss_mask": rows["loss_mask"]}
+  stats = text.text_stats(test_docs, sp)
+  scored = int(out["test"]["loss_mask"].sum())
+  assert scored == stats.tokens + stats.documents, (scored, stats)
+  return out["val"], out["test"], stats
+
+
+def condition_parts(cond: str) -> list[tuple[str, str]]:
+  """The (role, split) arrays a condition trains on."""
+  try:
+    return {"high_only": [("high", "train")], "low_limited": [("low", "limited")],
+            "low_full": [("low", "train")],
+            "mixed": [("low", "limited"), ("high", "train")]}[cond]
+  except KeyError:
+    raise ValueError(f"unknown condition {cond!r}; known: {', '.join(CONDITIONS)}") from None
+
+
+def condition_seeds(c, cond: str) -> list[int]:
+  n = int(c.get("seeds_per_condition", {}).get(cond, c.num_seeds))
+  return list(range(c.seed, c.seed + n))
+
+
+# ------------------------------------------------------------------------------- samples
+
+
+def _prompts(c, sp, test_docs_by_role) -> dict[str, list[str]]:
+  s = c.samples
+  out = {}
+  for role in ROLES:
+    given = list(s.get(f"prompts_{role}", ()) or ())
+    out[role] = given or [" ".join(d.split()[: s.prompt_words])
+                          for d in test_docs_by_role[role][: s.num_prompts]]
+  return out
+
+
+def write_samples(path, c, cfg, params, sp, names, member_ids, prompts, specs):
+  """Samples continuations of every prompt from each listed member; writes them to `path`."""
+  s = c.samples
+  lines = [f"# temperature {s.temperature}, top-k {s.top_k}, up to {s.max_new} new tokens, "
+           f"stops at eos\n"]
+  rng = jax.random.key(c.seed)
+  for name, i in zip(names, member_ids):
+    one = jax.tree.map(lambda x: x[i], params)
+    for role in ROLES:
+      encoded = [[sp.bos_id()] + text.encode(sp, p) for p in prompts[role]]
+      by_len = {}
+      for k, ids in enumerate(encoded):
+        by_len.setdefault(len(ids), []).append(k)
+      outs = [None] * len(encoded)
+      for plen, ks in by_len.items():
+        max_new = min(s.max_new, cfg.block_size - plen)
+        if max_new < 1:
+          continue
+        rng, key = jax.random.split(rng)
+        toks = lm.sample(cfg, one, np.asarray([encoded[k] for k in ks]), max_new=max_new,
+                         temperature=s.temperature, top_k=s.top_k, rng=key)
+        for k, row in zip(ks, toks):
+          gen = row[plen:].tolist()
+          gen = gen[: gen.index(sp.eos_id())] if sp.eos_id() in gen else gen
+          outs[k] = text.decode(sp, encoded[k][1:] + gen)
+      for p, o in zip(prompts[role], outs):
+        lines.append(f"== {name} | {language(specs, role)} | prompt: {p!r}\n{o}\n")
+  results_lib.atomic_write(path, "\n".join(lines))
+
+
+# --------------------------------------------------------------------------------- table
+
+
+def _pm(row) -> str:
+  if row is None:
+    return "–"
+  return f"{row['mean']:.2f}" if row["seeds"] == 1 else f"{row['mean']:.2f} ± {row['std']:.2f}"
+
+
+def table_markdown(rows, specs, composition, title: str) -> str:
+  """Table 4's shape: condition, data composition, low-resource test perplexity, improvement."""
+  lo, hi = language(specs, "low"), language(specs, "high")
+  find = lambda cond, lang, metric: next(
+      (r for r in rows if r["condition"] == cond and r["language"] == lang
+       and r["metric"] == metric), None)
+  lines = [title, "",
+           f"| condition | {lo} data | {hi} data | {lo} share of train tokens | "
+           f"{lo} test ppl/token | {lo} test ppl/char | {hi} test ppl/token | transfer improvement |",
+           "|---|---|---|---|---|---|---|---|"]
+  conds = list(dict.fromkeys(r["condition"] for r in rows))
+  limited = find("low_limited", lo, "ppl_token")
+  for cond in conds:
+    comp = composition[cond]
+    improvement = "–"
+    if cond == "mixed" and limited is not None:
+      mixed = find("mixed", lo, "ppl_token")
+      improvement = f"{(limited['mean'] - mixed['mean']) / limited['mean'] * 100:+.1f}%"
+    lines.append(
+        f"| {cond} | {comp['low_fraction'] * 100:.0f}% ({comp['low_documents']:,} docs) | "
+        f"{comp['high_fraction'] * 100:.0f}% ({comp['high_documents']:,} docs) | "
+        f"{comp['low_token_share'] * 100:.1f}% | {_pm(find(cond, lo, 'ppl_token'))} | "
+        f"{_pm(find(cond, lo, 'ppl_char'))} | {_pm(find(cond, hi, 'ppl_token'))} | {improvement} |")
+  lines.append("")
+  lines.append(f"Data: % of each language's train split used (documents). Improvement: "
+               f"(limited - mixed) / limited of {lo} ppl/token.")
+  return "\n".join(lines) + "\n"
+
+
+def _train_loss_curves(workdir: str) -> dict[str, list[tuple[int, float]]]:
+  curves: dict[str, dict[int, float]] = {}
+  path = os.path.join(workdir, "metrics.jsonl")
+  if os.path.isfile(path):
+    with open(path) as f:
+      for line in f:
+        r = json.loads(line)
+        if "loss" in r:
+          curves.setdefault(r["run"], {})[r["step"]] = r["loss"]  # resumed: the last one wins
+  return {k: sorted(v.items()) for k, v in curves.items()}
+
+
+# ----------------------------------------------------------------------------------- run
+
+
+def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None,
+        mesh=None) -> list[dict]:
+  """Runs the Table 4 experiment `c` describes; returns its results rows (empty if stopped
+  early by `stop_after`; a later call resumes from the workdir's checkpoint)."""
+  t0 = time.time()
+  os.makedirs(workdir, exist_ok=True)
+  specs = corpus_specs(c)
+  split = split_spec(c)
+  conditions = list(c.conditions)
+  for cond in conditions:
+    condition_parts(cond)
+  block = int(c.model.block_size)
+
+  sp = text.train_or_load_tokenizer(
+      workdir, [specs["high"], specs["low"]], vocab_size=c.tokenizer.vocab_size, split=split,
+      max_sentences_per_language=c.tokenizer.max_sentences_per_language)
+  cfg = model_lib.Config(vocab_size=sp.get_piece_size(), **c.model.to_dict())
+
+  needed = {p for cond in conditions for p in condition_parts(cond)}
+  packed, counts = {}, {}
+  for role, split_name in sorted(needed):
+    path = text.pack_split_to_npy(workdir, specs[role], split_name, split, sp, block_size=block)
+    packed[role, split_name] = text.open_packed_tokens(path)
+    counts[role, split_name] = packed_counts(packed[role, split_name])
+  val, test, test_stats, test_docs = {}, {}, {}, {}
+  for role in ROLES:
+    val[role], test[role], test_stats[role] = held_out_rows(
+        specs[role], split, sp, block, c.data.num_val_documents, c.data.max_test_documents)
+    docs = text.iter_split(text.iter_documents(specs[role]), "held_out", split)
+    test_docs[role] = text.take_documents(docs, c.data.num_val_documents + c.samples.num_prompts)[
+        c.data.num_val_documents:]
+  logging.info("text: vocab %d; train rows %s; test docs %s", cfg.vocab_size,
+               {f"{r}/{s}": len(a) for (r, s), a in packed.items()},
+               {r: s.documents for r, s in test_stats.items()})
+
+  composition = {}
+  for cond in conditions:
+    parts = condition_parts(cond)
+    docs = {role: sum(counts[p]["documents"] for p in parts if p[0] == role) for role in ROLES}
+    toks = {role: sum(counts[p]["targets"] for p in parts if p[0] == role) for role in ROLES}
+    composition[cond] = {
+        "low_documents": docs["low"], "high_documents": docs["high"],
+        "low_tokens": toks["low"], "high_tokens": toks["high"],
+        "low_fraction": (1.0 if ("low", "train") in parts else
+                         split.limited_fraction if ("low", "limited") in parts else 0.0),
+        "high_fraction": 1.0 if ("high", "train") in parts else 0.0,
+        "low_token_share": toks["low"] / max(1, toks["low"] + toks["high"])}
+
+  cells = [(cond, seed) for cond in conditions for seed in condition_seeds(c, cond)]
+  members = []
+  for cond, seed in cells:
+    arrays = [packed[p] for p in condition_parts(cond)]
+    rows = arrays[0] if len(arrays) == 1 else RowConcat(arrays)
+    members.append(loop_lib.Member(f"{cond}/seed_{seed}", seed,
+                                   {"tokens": rows, "loss_mask": LossMaskView(rows)}))
+  targets = ["high" if cond == "high_only" else "low" for cond, _ in cells]
+  eval_batch = int(c.eval.batch_size)
+  best = BestParams(os.path.join(workdir, "best_params.npz"), len(members))
+
+  def evaluate(params):  # early stopping: -(validation NLL per token), target language
+    scores = np.zeros(len(members))
+    for role in ROLES:
+      idx = np.asarray([i for i, t in enumerate(targets) if t == role])
+      if idx.size:
+        sub = params if idx.size == len(members) else jax.tree.map(lambda x: x[idx], params)
+        r = lm.perplexity(cfg, sub, val[role]["tokens"], val[role]["loss_mask"], eval_batch,
+                          ensemble=True)
+        scores[idx] = -r["nll_sum"] / r["tokens"]
+    best.update(params, scores)
+    return scores
+
+  out = loop_lib.train_ensemble(c, cfg, members, evaluate, workdir, stop_after=stop_after,
+                                progress=progress, mesh=mesh)
+  if not out["finished"]:
+    return []
+  params = best.params(out["state"]["params"])
+  best_steps = [max(h, key=lambda sv: sv[1])[0] if h else out["stopped_at"][i]
+                for i, h in enumerate(out["history"])]
+
+  rows = []
+  scored = {}
+  for role in ROLES:
+    r = lm.perplexity(cfg, params, test[role]["tokens"], test[role]["loss_mask"], eval_batch,
+                      ensemble=True)
+    st = test_stats[role]
+    scored[role] = {"ppl_token": r["ppl_token"], "ppl_char": np.exp(r["nll_sum"] / st.chars),
+                    "ppl_byte": np.exp(r["nll_sum"] / st.bytes)}
+  for cond in conditions:
+    idx = [i for i, (cd, _) in enumerate(cells) if cd == cond]
+    for role in ("low", "high"):
+      for metric in METRICS:
+        rows.append(results_lib.make_row(
+            experiment=c.name, task="text", language=language(specs, role),
+            role="target" if role == "low" else "source", condition=cond, metric=metric,
+            values=[scored[role][metric][i] for i in idx],
+            samples=composition[cond][f"{role}_documents"],
+            train_tokens=composition[cond][f"{role}_tokens"],
+            test_documents=test_stats[role].documents,
+            test_tokens=test_stats[role].tokens + test_stats[role].documents,
+            best_steps=[best_steps[i] for i in idx],
+            steps=[out["stopped_at"][i] for i in idx]))
+  results_lib.write(workdir, rows)
+
+  seeds = sorted({len(condition_seeds(c, cond)) for cond in conditions})
+  title = (f"{c.name}: {language(specs, 'high')} (high) + {language(specs, 'low')} (low), "
+           f"test perplexity (mean ± std over {'/'.join(map(str, seeds))} seed(s))")
+  table = table_markdown(rows, specs, composition, title)
+  if c.get("reference"):
+    table += f"\nReference: {c.reference}\n"
+  results_lib.atomic_write(os.path.join(workdir, "table.md"), table)
+  results_lib.plot_curves(
+      os.path.join(workdir, "curves.png"),
+      {m.name: [(s, float(np.exp(-v))) for s, v in h] for m, h in zip(members, out["history"])},
+      "validation perplexity per token (target language)")
+  results_lib.plot_curves(os.path.join(workdir, "train_loss.png"), _train_loss_curves(workdir),
+                          "training loss (nats per token)")
+
+  first = [idx[0] for cond in conditions
+           for idx in [[i for i, (cd, _) in enumerate(cells) if cd == cond]]]
+  write_samples(os.path.join(workdir, "samples.txt"), c, cfg, params, sp,
+                [members[i].name for i in first], first, _prompts(c, sp, test_docs), specs)
+
+  summary = {
+      "languages": {role: language(specs, role) for role in ROLES},
+      "corpora": {role: specs[role].path for role in ROLES},
+      "vocab_size": cfg.vocab_size, "block_size": block,
+      "params_per_model": model_lib.count_params(jax.tree.map(lambda x: x[0], params)),
+      "members": len(members), "steps": out["step"],
+      "stopped_at": {m.name: s for m, s in zip(members, out["stopped_at"])},
+      "best_step": {m.name: s for m, s in zip(members, best_steps)},
+      "train_rows": {f"{r}/{s}": len(a) for (r, s), a in packed.items()},
+      "train_counts": {f"{r}/{s}": v for (r, s), v in counts.items()},
+      "composition": composition,
+      "val_rows": {role: len(val[role]["tokens"]) for role in ROLES},
+      "test": {role: vars(test_stats[role]) for role in ROLES},
+      "train_tokens_per_s": out["tokens_per_s"], "wall_s": time.time() - t0}
+  results_lib.atomic_write(os.path.join(workdir, "summary.json"),
+                           json.dumps(summary, indent=1, default=float))
+  print(table)
+  print(json.dumps({k: summary[k] for k in ("params_per_model", "members", "steps", "stopped_at",
+                                            "best_step", "train_tokens_per_s", "wall_s")}, default=float))
+  return rows

@@ -1,0 +1,142 @@
+"""Training: optimizers, the masked loss, and a jitted step over an *ensemble* of models.
+
+Small models underuse a machine, so xlt trains several models (seeds, and grid cells
+whose shapes agree) together: every leaf of the train state has a leading ensemble
+axis E, and the step is `jax.vmap` of the single-model step. E=1 is a plain run.
+
+Batches are dicts: tokens [E, B, T] int32 and loss_mask [E, B, T-1] float32 (1 on
+targets after the delimiter). The step takes any optax transformation, so a
+`optax.multi_transform` over a label pytree (partitions) drops in.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from xlt import model as model_lib
+from xlt import sharding
+
+State = dict  # {"step": int32[E], "params": tree, "opt_state": tree, "active": bool[E]}
+
+
+def make_schedule(c) -> optax.Schedule:
+  """`c.schedule`: cosine (linear warmup then cosine decay), linear (warmup then
+  constant: the reference addition "Lin. Incr."), or constant."""
+  peak, warmup, steps = c.peak_lr, int(c.warmup_steps), int(c.total_steps)
+  if c.schedule == "cosine":
+    return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, max(steps, warmup + 1),
+                                              end_value=peak * c.get("end_lr_ratio", 0.1))
+  if c.schedule == "linear":
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, peak, max(warmup, 1)), optax.constant_schedule(peak)], [warmup])
+  if c.schedule == "constant":
+    return optax.constant_schedule(peak)
+  raise ValueError(f"unknown opt.schedule {c.schedule!r}; expected cosine, linear or constant")
+
+
+def make_optimizer(c) -> optax.GradientTransformation:
+  """AdamW (or Adam/SGD) with global-norm clipping; `c` is the `opt` config."""
+  lr = make_schedule(c)
+  if c.name == "adamw":
+    opt = optax.adamw(lr, b1=c.b1, b2=c.b2, weight_decay=c.weight_decay,
+                      mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p))  # no decay on biases/LN
+  elif c.name == "adam":
+    opt = optax.adam(lr, b1=c.b1, b2=c.b2)
+  elif c.name == "sgd":
+    opt = optax.sgd(lr, momentum=c.get("momentum", 0.9))
+  else:
+    raise ValueError(f"unknown opt.name {c.name!r}; expected adamw, adam or sgd")
+  return optax.chain(optax.clip_by_global_norm(c.clip), opt) if c.clip else opt
+
+
+def loss_sums(cfg: model_lib.Config, params, batch) -> tuple[jax.Array, jax.Array]:
+  """(sum of masked token cross-entropies, number of masked tokens)."""
+  tokens_BxT = batch["tokens"]
+  logits_BxTxV, _ = model_lib.apply(cfg, params, tokens_BxT[:, :-1])
+  ce_BxT = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, tokens_BxT[:, 1:])
+  mask_BxT = batch["loss_mask"]
+  return (ce_BxT * mask_BxT).sum(), mask_BxT.sum()
+
+
+def _grads(cfg, params, batch, accum: int):
+  """Mean masked loss and its gradient; with `accum` > 1 the batch is split into
+  micro-batches under `lax.scan` (same result, a fraction of the activation memory)."""
+
+  def sums(p, b):
+    return loss_sums(cfg, p, b)
+
+  grad_fn = jax.value_and_grad(sums, has_aux=True)
+  if accum == 1:
+    (total, count), g = grad_fn(params, batch)
+  else:
+    micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+
+    def body(carry, b):
+      (t, n), g = grad_fn(params, b)
+      return jax.tree.map(jnp.add, carry, (t, n, g)), None
+
+    zeros = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
+    (total, count, g), _ = jax.lax.scan(body, zeros, micro)
+  count = jnp.maximum(count, 1.0)
+  return total / count, jax.tree.map(lambda x: x / count, g)
+
+
+def train_step(state: State, batch, *, cfg, tx, accum: int = 1):
+  """One model's step. Inactive models (stopped early) keep their state unchanged."""
+  loss, grads = _grads(cfg, state["params"], batch, accum)
+  updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+  params = optax.apply_updates(state["params"], updates)
+  keep = lambda new, old: jnp.where(state["active"], new, old)
+  new = {"step": state["step"] + state["active"].astype(jnp.int32),
+         "params": jax.tree.map(keep, params, state["params"]),
+         "opt_state": jax.tree.map(keep, opt_state, state["opt_state"]),
+         "active": state["active"]}
+  return new, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+
+def init_state(cfg: model_lib.Config, tx, seeds) -> State:
+  """Stacked train state for one model per seed."""
+
+  def one(seed):
+    params = model_lib.init_params(cfg, jax.random.key(seed))
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+            "active": jnp.ones((), bool)}
+
+  return jax.vmap(one)(jnp.asarray(seeds, jnp.uint32))
+
+
+def state_shardings(cfg: model_lib.Config, tx, mesh, rules, abstract_state):
+  """Shardings for the stacked state: parameter-shaped optimizer leaves follow the
+  parameter's sharding, everything else is replicated."""
+  param_sh = sharding.param_shardings(model_lib.logical_axes(cfg), mesh, rules)
+  sharding.check_divisible(abstract_state["params"], param_sh)
+  params_struct = jax.tree.structure(abstract_state["params"])
+  rep = sharding.replicated(mesh)
+  # optax states hold parameter-shaped subtrees (Adam's mu and nu): those follow the
+  # parameters' sharding; counts and other leaves are replicated.
+  like_params = lambda x: jax.tree.structure(x) == params_struct
+  opt_sh = jax.tree.map(lambda x: param_sh if like_params(x) else rep,
+                        abstract_state["opt_state"], is_leaf=like_params)
+  return {"step": rep, "params": param_sh, "opt_state": opt_sh, "active": rep}
+
+
+def make_step(cfg: model_lib.Config, tx, mesh, rules, abstract_state, accum: int = 1):
+  """The jitted ensemble step with explicit in/out shardings; the state is donated."""
+  st_sh = state_shardings(cfg, tx, mesh, rules, abstract_state)
+  b_sh = {"tokens": sharding.batch_sharding(mesh, 3), "loss_mask": sharding.batch_sharding(mesh, 3)}
+  step = jax.vmap(functools.partial(train_step, cfg=cfg, tx=tx, accum=accum))
+  rep = sharding.replicated(mesh)
+  return jax.jit(step, in_shardings=(st_sh, b_sh), out_shardings=(st_sh, rep),
+                 donate_argnums=0), st_sh, b_sh
+
+
+def eval_loss(cfg: model_lib.Config, params, batch):
+  """Mean masked loss of each ensemble member on a batch [E, B, T]."""
+  total, count = jax.vmap(functools.partial(loss_sums, cfg))(params, batch)
+  return total / jnp.maximum(count, 1.0)
