@@ -4,7 +4,10 @@
   python benchmarks/train_step.py --ensemble 1 --seq 128 --batch 64
 
 Reports tokens/s (every position of every sequence of every ensemble member) and
-achieved GFLOP/s (6·N·tokens + attention), median over timed steps after warm-up.
+achieved GFLOP/s (6·N·tokens + attention), median over timed steps after warm-up, and
+the speedup of training E models together (one vmapped step) over E separate runs one
+after the other (E × the single model's step time). For the allocator effect, run it
+with and without LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4.
 """
 
 import argparse
@@ -61,9 +64,13 @@ if __name__ == "__main__":
   p.add_argument("--accum", type=int, default=1)
   p.add_argument("--steps", type=int, default=20)
   a = p.parse_args()
-  print(f"| layers | width | batch | seq | ensemble | step ms | tokens/s | GFLOP/s |")
-  print(f"|---|---|---|---|---|---|---|---|")
+  print("| layers | width | batch | seq | ensemble | step ms | tokens/s | GFLOP/s | vs separate runs |")
+  print("|---|---|---|---|---|---|---|---|---|")
   for seq in a.seq:
+    single = None
     for e in a.ensemble:
       tps, gf, dt = bench(a.layers, a.heads, a.width, a.vocab, seq, a.batch, e, a.steps, a.accum)
-      print(f"| {a.layers} | {a.width} | {a.batch} | {seq} | {e} | {dt*1e3:.1f} | {tps:,.0f} | {gf:.1f} |", flush=True)
+      single = dt if e == 1 else single
+      speedup = f"{single * e / dt:.2f}x" if single else "–"
+      print(f"| {a.layers} | {a.width} | {a.batch} | {seq} | {e} | {dt*1e3:.1f} | {tps:,.0f} | {gf:.1f} | {speedup} |",
+            flush=True)

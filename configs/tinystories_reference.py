@@ -20,13 +20,14 @@ Model and training (paper Table 1, GPT-Neo from HF transformers): 4 layers, 16 h
 768, block 512, tied embeddings (as GPT-Neo), vocab 30,000 (one BPE over both languages), lr
 5e-4 constant, "batch 80, gradient accumulation 16": read as HF's per-device batch 80 x 16
 accumulation = 1,280 sequences per update (`train.batch_size=1280`, `train.grad_accum=16`:
-micro-batches of 80). Differences from GPT-Neo: global attention in every layer (GPT-Neo
+micro-batches of 80). This model has ~52M parameters (23M of them the tied 30k x 768
+embedding); the paper's Table 1 says ~33M, which no 4 x 768 GPT with a 30k vocabulary reaches
+(perhaps embeddings were not counted). Differences from GPT-Neo: global attention in every layer (GPT-Neo
 alternates global and 256-token local attention), GELU MLP 4x, no dropout. 3 seeds for mixed
 (the paper's ± is over mixed runs), 1 for the others. The paper gives no step count: 3,000
 updates (~2B tokens per model, ~4 epochs of English) with early stopping on validation
-perplexity is our choice. All members train as one ensemble; a member that stopped early still
-costs its share of every step (the step is vmapped), so the limited runs cost as much as the
-full ones.
+perplexity is our choice. All members train as one ensemble (6 x ~52M parameters with Adam
+state: ~5 GB, plus micro-batch activations); members that stopped early drop out of the step.
 """
 
 import importlib.util

@@ -13,8 +13,9 @@ from xlt import experiment, results
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_graph_experiment_writes_results(graph_config, tmp_path):
-  rows = experiment.run(graph_config, str(tmp_path), progress=False)
+def test_graph_experiment_writes_results(graph_config, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path.parent)  # a relative workdir, as on the command line
+  rows = experiment.run(graph_config, tmp_path.name, progress=False)
   on_disk = json.load(open(tmp_path / "results.json"))
   assert on_disk == rows
   keys = {(r["language"], r["role"], r["condition"], r["metric"]) for r in rows}
@@ -30,7 +31,8 @@ def test_graph_experiment_writes_results(graph_config, tmp_path):
   for name in ("results.csv", "table.md", "curves.png", "summary.json", "metrics.jsonl"):
     assert (tmp_path / name).exists(), name
   assert "| graph_diff_grammar | node_plain | edge_plain | 256 | 64 |" in (tmp_path / "table.md").read_text()
-  # a finished experiment is not trained again: the rerun only evaluates
+  assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["12", "8"]  # max_to_keep=2
+  # a finished experiment is not trained again
   assert experiment.run(graph_config, str(tmp_path), progress=False) == rows
 
 

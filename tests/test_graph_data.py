@@ -45,7 +45,7 @@ def test_training_paths_are_valid_shortest_and_from_train_pairs(g):
 def test_encode_decode_round_trip_and_score(g, language):
   path = nx.shortest_path(g, *graph.split_pairs(g, num_test=10, num_val=0, seed=0).test[0])
   ex = graph.make_example(path, language)
-  assert ex.prompt[-1] == ":"
+  assert ex.prompt[-1] == graph.DELIMS[language.split("_")[0]]
   assert graph.decode_path(ex.answer, language) == path
   assert graph.score(g, (path[0], path[-1]), list(ex.answer), language) == {"valid": 1.0, "shortest": 1.0}
   assert graph.score(g, (path[0], path[-1]), list(ex.answer[:-1]), language)["valid"] == 0.0
@@ -53,8 +53,8 @@ def test_encode_decode_round_trip_and_score(g, language):
 
 def test_formats():
   assert graph.make_example([3, 7, 9], "node_plain").text == "3 9 : 3 7 9"
-  assert graph.make_example([3, 7, 9], "edge_plain").text == "3 9 : 3 7 , 7 9"
-  assert graph.make_example([3, 7, 9], "edge_offset").text == "10003 10009 : 10003 10007 , 10007 10009"
+  assert graph.make_example([3, 7, 9], "edge_plain").text == "3 9 = 3 7 , 7 9"
+  assert graph.make_example([3, 7, 9], "edge_offset").text == "10003 10009 = 10003 10007 , 10007 10009"
   assert graph.decode_path(["3", "7", ",", "8", "9"], "edge_plain") is None  # edges must chain
 
 

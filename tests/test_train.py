@@ -96,3 +96,24 @@ def test_bad_configs_give_clear_errors(graph_config, tmp_path):
   c.task = "chess"
   with pytest.raises(ValueError, match="unknown task"):
     experiment.get_task(c)
+
+
+def test_stopped_members_freeze_drop_out_and_resume_exactly(graph_config, tmp_path):
+  c = graph_config
+  c.train.steps, c.train.eval_every, c.train.checkpoint_every, c.train.patience = 24, 4, 4, 3
+  cfg, members = _members(c)
+  # member 0 reaches the target score at the first evaluation; member 1 never improves
+  # after its first score, so it stops after `patience` more evaluations.
+  evaluate = lambda params: [1.0, 0.5]
+  full = loop.train_ensemble(c, cfg, members, evaluate, str(tmp_path / "full"), progress=False)
+  assert full["stopped_at"] == [4, 16] and full["finished"] and full["step"] == 16
+  at4 = loop.train_ensemble(c, cfg, members, None, str(tmp_path / "at4"), stop_after=4, progress=False)
+  for x, y in zip(jax.tree.leaves(full["state"]["params"]), jax.tree.leaves(at4["state"]["params"])):
+    np.testing.assert_array_equal(np.asarray(x)[0], np.asarray(y)[0])  # frozen since step 4
+  assert np.asarray(full["state"]["step"]).tolist() == [4, 16]
+  part = loop.train_ensemble(c, cfg, members, evaluate, str(tmp_path / "resumed"), stop_after=10, progress=False)
+  assert not part["finished"]
+  resumed = loop.train_ensemble(c, cfg, members, evaluate, str(tmp_path / "resumed"), progress=False)
+  assert resumed["stopped_at"] == [4, 16]
+  for x, y in zip(jax.tree.leaves(full["state"]), jax.tree.leaves(resumed["state"])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

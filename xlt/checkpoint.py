@@ -6,14 +6,17 @@ the last checkpoint left it and ends with the same parameters as an uninterrupte
 
 from __future__ import annotations
 
+import os
+
 import grain
 import jax
 import orbax.checkpoint as ocp
 
 
 def manager(directory: str, max_to_keep: int = 2) -> ocp.CheckpointManager:
+  # orbax needs an absolute path (a relative one fails in its background commit thread)
   return ocp.CheckpointManager(
-      directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+      os.path.abspath(directory), options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state, data_iter, loop: dict):

@@ -1,15 +1,19 @@
-"""A transfer experiment: for a (source, target) language pair, train
+"""An experiment: a set of *cells* (which languages, how many samples of each) × seeds,
+trained together as one ensemble (one compiled step), then evaluated on held-out data
+of each cell's languages, written as results rows.
 
-  target alone (M samples), source alone (N samples), mixed (N + M),
-
-each for several seeds, all together as one ensemble (one compiled step), then
-evaluate every model on held-out data of its languages and write results rows.
+Two shapes of experiment, chosen by the config:
+  transfer pair (`c.mixture`): target alone (M samples), source alone (N), mixed (N + M);
+  sample-size sweep (`c.sweep`): one language alone at several sample sizes, to find
+    where it starts and stops generalizing. Smaller cells use a prefix of the largest
+    cell's samples.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
-import logging
 import os
 import time
 
@@ -22,31 +26,68 @@ from xlt import model as model_lib
 from xlt import results as results_lib
 from xlt.data import common
 
-TASKS = {"graph": "xlt.data.graph"}
+TASKS = {"graph": "xlt.data.graph", "addition": "xlt.data.addition"}
 CONDITIONS = ("target_alone", "source_alone", "mixed")
 
 
-def get_task(c) -> common.Task:
-  import importlib
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  condition: str  # target_alone | source_alone | mixed | alone (sweeps)
+  samples: tuple[tuple[str, int], ...]  # (language, number of training samples)
+  seed: int
 
+  @property
+  def languages(self) -> list[str]:
+    return [lang for lang, _ in self.samples]
+
+  @property
+  def name(self) -> str:
+    return f"{self.condition}_" + "+".join(f"{l}{n}" for l, n in self.samples) + f"/seed_{self.seed}"
+
+
+def plan(c) -> list[Cell]:
+  seeds = range(c.seed, c.seed + c.num_seeds)
+  if c.num_seeds < 1:
+    raise ValueError(f"num_seeds must be >= 1, got {c.num_seeds}")
+  if c.get("sweep"):
+    sizes = list(c.sweep.samples)
+    if not sizes or min(sizes) < 1:
+      raise ValueError(f"sweep.samples must be positive sample counts, got {sizes}")
+    return [Cell("alone", ((c.sweep.language, int(n)),), s) for n in sizes for s in seeds]
+  m = c.mixture
+  if m.source == m.target:
+    raise ValueError(f"mixture.source and mixture.target are the same language {m.source!r}")
+  for k in ("source_samples", "target_samples"):
+    if m[k] < 1:
+      raise ValueError(f"mixture.{k} must be >= 1, got {m[k]}")
+  samples = {"target_alone": ((m.target, m.target_samples),),
+             "source_alone": ((m.source, m.source_samples),),
+             "mixed": ((m.source, m.source_samples), (m.target, m.target_samples))}
+  for cond in c.conditions:
+    if cond not in samples:
+      raise ValueError(f"unknown condition {cond!r}; known: {', '.join(CONDITIONS)}")
+  return [Cell(cond, samples[cond], s) for cond in c.conditions for s in seeds]
+
+
+def get_task(c, cells: list[Cell] | None = None) -> common.Task:
   if c.task not in TASKS:
-    raise ValueError(f"unknown task {c.task!r}; known: {', '.join(TASKS)}")
-  return importlib.import_module(TASKS[c.task]).build(c)
-
-
-def condition_languages(c, condition: str) -> list[str]:
-  src, tgt = c.mixture.source, c.mixture.target
-  try:
-    return {"target_alone": [tgt], "source_alone": [src], "mixed": [src, tgt]}[condition]
-  except KeyError:
-    raise ValueError(f"unknown condition {condition!r}; known: {', '.join(CONDITIONS)}") from None
+    raise ValueError(f"unknown task {c.task!r}; known: {', '.join(TASKS)}, text")
+  counts: dict[str, int] = {}
+  for cell in cells or plan(c):
+    for lang, n in cell.samples:
+      counts[lang] = max(counts.get(lang, 0), n)
+  return importlib.import_module(TASKS[c.task]).build(c, counts)
 
 
 def model_config(c, task: common.Task) -> model_lib.Config:
   m = c.model.to_dict()
   if task.seq_len > m["block_size"]:
     raise ValueError(f"sequences of {task.seq_len} tokens do not fit model.block_size={m['block_size']}")
-  return model_lib.Config(vocab_size=task.tokenizer.vocab_size, **m)
+  # The embedding table is padded (unused ids) so the vocab axis splits evenly over a
+  # tensor-parallel mesh axis.
+  multiple = m.pop("vocab_multiple", 8)
+  vocab = -(-task.tokenizer.vocab_size // multiple) * multiple
+  return model_lib.Config(vocab_size=vocab, **m)
 
 
 def score_members(cfg, params, task: common.Task, sets: dict[str, common.EvalSet],
@@ -69,60 +110,72 @@ def score_members(cfg, params, task: common.Task, sets: dict[str, common.EvalSet
   return out
 
 
+def _role(c, lang: str) -> str:
+  if c.get("sweep"):
+    return "source"
+  return "source" if lang == c.mixture.source else "target"
+
+
 def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None) -> list[dict]:
-  """Runs the experiment `c` describes; returns its results rows (empty if stopped early)."""
+  """Runs the experiment `c` describes; returns its results rows (empty if stopped early).
+  A workdir that already holds this experiment's results is not trained again."""
   if c.task == "text":  # language modelling has its own runner (perplexity, not decoding)
     from xlt import text_experiment
 
     return text_experiment.run(c, workdir, progress=progress, stop_after=stop_after)
+  workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
+  done = os.path.join(workdir, "results.json")
+  if os.path.exists(done):
+    print(f"{workdir}: finished earlier, reusing {done}")
+    return json.load(open(done))
   t0 = time.time()
-  task = get_task(c)
+  cells = plan(c)
+  task = get_task(c, cells)
   cfg = model_config(c, task)
   print(f"task {c.task}: {task.info}; vocab {cfg.vocab_size}, seq_len {task.seq_len}", flush=True)
-  conditions = list(c.conditions)
-  cells = [(cond, seed) for cond in conditions for seed in range(c.seed, c.seed + c.num_seeds)]
-  member_langs = [condition_languages(c, cond) for cond, _ in cells]
   members = []
-  for (cond, seed), langs in zip(cells, member_langs):
-    examples = [ex for lang in langs for ex in task.train[lang]]
+  for cell in cells:
+    examples = [ex for lang, n in cell.samples for ex in task.train[lang][:n]]
     enc = common.encode_examples(examples, task.tokenizer, task.seq_len)
-    members.append(loop_lib.Member(f"{cond}/seed_{seed}", seed,
-                                   {"tokens": enc.tokens, "loss_mask": enc.loss_mask}))
-  eval_batch = c.eval.batch_size
+    members.append(loop_lib.Member(cell.name, cell.seed, {"tokens": enc.tokens, "loss_mask": enc.loss_mask}))
+  member_langs = [cell.languages for cell in cells]
 
-  def evaluate(params):  # early-stopping score: mean validity on the member's languages
-    scored = score_members(cfg, params, task, task.val, member_langs, eval_batch)
+  def evaluate(params):  # early-stopping score: mean over the member's languages
+    scored = score_members(cfg, params, task, task.val, member_langs, c.eval.batch_size)
     return [np.mean([s[l][task.val[l].metric] for l in ls]) for s, ls in zip(scored, member_langs)]
 
   out = loop_lib.train_ensemble(c, cfg, members, evaluate, workdir, stop_after=stop_after,
                                 progress=progress)
   if not out["finished"]:
     return []
-  test = score_members(cfg, out["state"]["params"], task, task.test, member_langs, eval_batch)
+  test = score_members(cfg, out["state"]["params"], task, task.test, member_langs, c.eval.batch_size)
   rows = []
-  roles = {c.mixture.source: "source", c.mixture.target: "target"}
-  samples = {lang: len(ex) for lang, ex in task.train.items()}
-  for cond in conditions:
-    idx = [i for i, (cd, _) in enumerate(cells) if cd == cond]
-    for lang in member_langs[idx[0]]:
+  groups: dict[tuple, list[int]] = {}
+  for i, cell in enumerate(cells):
+    groups.setdefault((cell.condition, cell.samples), []).append(i)
+  for (cond, samples), idx in groups.items():
+    for lang, n in samples:
       for metric in test[idx[0]][lang]:
         rows.append(results_lib.make_row(
-            experiment=c.name, task=c.task, language=lang, role=roles[lang],
+            experiment=c.name, task=c.task, language=lang, role=_role(c, lang),
             condition="mixed" if cond == "mixed" else "alone", metric=metric,
-            values=[test[i][lang][metric] for i in idx], samples=samples[lang],
+            values=[test[i][lang][metric] for i in idx], samples=n,
+            mixture="+".join(f"{l}:{k}" for l, k in samples),
             steps=[out["stopped_at"][i] for i in idx]))
-  results_lib.write(workdir, rows)
   metric = next(iter(task.test.values())).metric
-  table = results_lib.transfer_table(rows, metric, f"{c.task}: test {metric} (mean ± std over seeds)")
-  results_lib.atomic_write(os.path.join(workdir, "table.md"), table)
   results_lib.plot_curves(os.path.join(workdir, "curves.png"),
                           {m.name: h for m, h in zip(members, out["history"])}, f"held-out {metric}")
+  title = f"{c.name}: test {metric} (mean ± std over {c.num_seeds} seeds)"
+  table = (results_lib.sweep_table(rows, metric, title) if c.get("sweep")
+           else results_lib.transfer_table(rows, metric, title))
+  results_lib.atomic_write(os.path.join(workdir, "table.md"), table)
   summary = {"task_info": task.info, "vocab_size": cfg.vocab_size, "seq_len": task.seq_len,
              "params_per_model": model_lib.count_params(jax.tree.map(lambda x: x[0], out["state"]["params"])),
              "members": len(members), "steps": out["step"], "train_tokens_per_s": out["tokens_per_s"],
              "wall_s": time.time() - t0}
   results_lib.atomic_write(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=1))
+  results_lib.write(workdir, rows)  # last: its presence marks the experiment finished
   print(table)
   print(json.dumps(summary))
   return rows

@@ -7,7 +7,8 @@ per-character perplexity is exp(nll_sum / bytes) with the byte count of the scor
 (`xlt.data.text.text_stats`): the caller knows which documents the rows hold.
 
 `sample` continues prompts with temperature / top-k sampling (temperature 0 = greedy), one
-jitted function: a prefill of the prompt into the KV cache, then `lax.scan` over new tokens.
+jitted function: a prefill of the prompt into the KV cache, then `lax.scan` over new tokens;
+temperature and top_k are traced, so changing them does not recompile.
 """
 
 from __future__ import annotations
@@ -28,20 +29,29 @@ def is_ensemble(params) -> bool:
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "ensemble"))
-def _nll_sums(cfg, params, tokens_BxT, mask_BxT, *, ensemble):
+def _nll_sums(cfg, params, tokens_BxT, mask_BxT, members, *, ensemble):
   fn = lambda p: train_lib.loss_sums(cfg, p, {"tokens": tokens_BxT, "loss_mask": mask_BxT})
-  return jax.vmap(fn)(params) if ensemble else fn(params)
+  if not ensemble:
+    return fn(params)
+  if members is not None:  # gather inside the jit: no eager per-leaf gathers
+    params = jax.tree.map(lambda x: x[members], params)
+  return jax.vmap(fn)(params)
 
 
 def perplexity(cfg: model_lib.Config, params, tokens, loss_mask, batch: int,
-               ensemble: bool | None = None) -> dict:
+               ensemble: bool | None = None, members=None) -> dict:
   """{"nll_sum", "tokens", "ppl_token"} of rows tokens [N, T] under loss_mask [N, T-1].
 
   Every model scores the same rows. With an ensemble (auto-detected unless `ensemble` is given)
-  each value is an array [E]; otherwise a float. Sums are accumulated in float64 on the host;
-  the last batch is padded with masked rows, so one shape is compiled.
+  each value is an array [E] (or [len(members)]: only those ensemble members are scored);
+  otherwise a float. Sums are accumulated in float64 on the host; the last batch is padded with
+  masked rows, so one shape is compiled.
   """
   ensemble = is_ensemble(params) if ensemble is None else ensemble
+  if members is not None:
+    if not ensemble:
+      raise ValueError("members selects ensemble members; params are one model")
+    members = np.asarray(members, np.int32)
   tokens, loss_mask = np.asarray(tokens, np.int32), np.asarray(loss_mask, np.float32)
   n = len(tokens)
   if n == 0 or loss_mask.shape != (n, tokens.shape[1] - 1):
@@ -54,7 +64,7 @@ def perplexity(cfg: model_lib.Config, params, tokens, loss_mask, batch: int,
     if len(tok) < batch:  # pad: zero rows with a zero mask
       tok = np.concatenate([tok, np.zeros((batch - len(tok), tok.shape[1]), np.int32)])
       mask = np.concatenate([mask, np.zeros((batch - len(mask), mask.shape[1]), np.float32)])
-    s, c = _nll_sums(cfg, params, tok, mask, ensemble=ensemble)
+    s, c = _nll_sums(cfg, params, tok, mask, members, ensemble=ensemble)
     nll, count = nll + np.asarray(s, np.float64), count + np.asarray(c, np.float64)
   ppl = np.exp(nll / np.maximum(count, 1.0))
   if not ensemble:
@@ -62,29 +72,31 @@ def perplexity(cfg: model_lib.Config, params, tokens, loss_mask, batch: int,
   return {"nll_sum": nll, "tokens": count, "ppl_token": ppl}
 
 
-def _pick(logits_BxV, key, temperature: float, top_k: int):
-  if temperature == 0:
+def _pick(logits_BxV, key, temperature, top_k, greedy: bool):
+  if greedy:
     return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
   logits_BxV = logits_BxV / temperature
-  if top_k:
-    kth_Bx1 = jax.lax.top_k(logits_BxV, top_k)[0][:, -1:]
-    logits_BxV = jnp.where(logits_BxV < kth_Bx1, -jnp.inf, logits_BxV)
+  # k-th largest logit by a sort, so k is traced (one compile for every top_k); 0 = no cut.
+  sorted_BxV = jnp.sort(logits_BxV, axis=-1)
+  kth_Bx1 = sorted_BxV[:, jnp.maximum(logits_BxV.shape[-1] - top_k, 0)][:, None]
+  logits_BxV = jnp.where((top_k > 0) & (logits_BxV < kth_Bx1), -jnp.inf, logits_BxV)
   return jax.random.categorical(key, logits_BxV, axis=-1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "temperature", "top_k"))
-def _sample(cfg, params, prompt_BxP, rng, *, max_new, temperature, top_k):
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "greedy"))
+def _sample(cfg, params, prompt_BxP, rng, temperature, top_k, *, max_new, greedy):
   b, p = prompt_BxP.shape
   cache = model_lib.init_cache(cfg, b, p + max_new)
   logits_BxPxV, cache = model_lib.apply(cfg, params, prompt_BxP, cache, 0)
   keys = jax.random.split(rng, max_new)
-  first_B = _pick(logits_BxPxV[:, -1], keys[0], temperature, top_k)
+  pick = lambda logits_BxV, key: _pick(logits_BxV, key, temperature, top_k, greedy)
+  first_B = pick(logits_BxPxV[:, -1], keys[0])
 
   def body(carry, xs):
     cache, tok_B = carry
     i, key = xs
     logits_Bx1xV, cache = model_lib.apply(cfg, params, tok_B[:, None], cache, p + i)
-    return (cache, _pick(logits_Bx1xV[:, 0], key, temperature, top_k)), tok_B
+    return (cache, pick(logits_Bx1xV[:, 0], key)), tok_B
 
   # The last new token needs no forward pass of its own.
   (_, last_B), toks_NxB = jax.lax.scan(body, (cache, first_B),
@@ -110,6 +122,7 @@ def sample(cfg: model_lib.Config, params, prompt_ids, *, max_new: int, temperatu
   if top_k < 0 or top_k > cfg.vocab_size or temperature < 0:
     raise ValueError(f"need temperature >= 0 and 0 <= top_k <= vocab, got {temperature}, {top_k}")
   rng = jax.random.key(0 if rng is None else rng) if rng is None or isinstance(rng, int) else rng
-  out = _sample(cfg, params, prompt, rng, max_new=int(max_new), temperature=float(temperature),
-                top_k=int(top_k))
+  greedy = temperature == 0
+  out = _sample(cfg, params, prompt, rng, np.float32(1.0 if greedy else temperature),
+                np.int32(top_k), max_new=int(max_new), greedy=bool(greedy))
   return np.asarray(out[0] if single else out)

@@ -10,6 +10,7 @@ or after `train.steps` steps.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from typing import Callable, Sequence
@@ -25,6 +26,11 @@ from xlt import model as model_lib
 from xlt import sharding
 from xlt import train as train_lib
 from xlt.data import pipeline
+
+
+# One compiled gather/scatter over the whole state (not one small op per leaf).
+_take = jax.jit(lambda tree, idx: jax.tree.map(lambda x: x[idx], tree))
+_put = jax.jit(lambda tree, idx, sub: jax.tree.map(lambda x, y: x.at[idx].set(y), tree, sub))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,12 +61,18 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
   rules = tuple(tuple(r) for r in c.get("sharding_rules", sharding.DEFAULT_RULES))
   tx = tx or train_lib.make_optimizer(c.opt)
   seeds = [m.seed for m in members]
-  abstract = jax.eval_shape(lambda: train_lib.init_state(model_cfg, tx, seeds))
-  step_fn, state_sh, _ = train_lib.make_step(model_cfg, tx, mesh, rules, abstract, accum)
 
+  def abstract_state(n):
+    return jax.eval_shape(lambda: train_lib.init_state(model_cfg, tx, seeds[:n]))
+
+  @functools.lru_cache(maxsize=None)
+  def step_for(n):  # one compiled step per ensemble size: stopped members drop out
+    return train_lib.make_step(model_cfg, tx, mesh, rules, abstract_state(n), accum)[:2]
+
+  _, state_sh = step_for(len(members))
   data = pipeline.ensemble_batches([m.train for m in members], t.batch_size, seeds)
   mngr = ckpt_lib.manager(os.path.join(workdir, "ckpt"))
-  restored = ckpt_lib.restore(mngr, ckpt_lib.abstract(abstract, state_sh), data)
+  restored = ckpt_lib.restore(mngr, ckpt_lib.abstract(abstract_state(len(members)), state_sh), data)
   if restored is None:
     with jax.set_mesh(mesh):
       state = jax.jit(lambda: train_lib.init_state(model_cfg, tx, seeds), out_shardings=state_sh)()
@@ -70,10 +82,21 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
     state, loop = restored
   writer = metrics_lib.Writer(workdir, [m.name for m in members])
   schedule = train_lib.make_schedule(c.opt)
-  tokens_per_step = len(members) * t.batch_size * (members[0].train["tokens"].shape[1] - 1)
+  seq = members[0].train["tokens"].shape[1] - 1
+
+  # `state` holds every member (for checkpoints and the result); `live` the indices of
+  # the members still training and `sub` a copy of their state, which the compiled step
+  # updates (and donates). `merged()` is the current state of every member.
+  def split(full):
+    live = np.flatnonzero(np.asarray(full["active"]))
+    return live, _take(full, live)
+
+  def merged():
+    return sub if len(live) == len(members) else _put(state, live, sub)
 
   def evaluate_and_stop(step):
-    nonlocal state
+    nonlocal state, live, sub
+    state = merged()
     scores = np.asarray(evaluate(state["params"]), float)
     active = np.asarray(state["active"]).copy()
     for i, (m, s) in enumerate(zip(members, scores)):
@@ -89,34 +112,39 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
         active[i] = False
         loop["stopped_at"][i] = step
     state["active"] = jax.device_put(active, state_sh["active"])
+    state = jax.device_put(state, state_sh)
+    live, sub = split(state)
     writer.flush()
 
+  live, sub = split(state)
   start = loop["step"]
   bar = tqdm(total=t.steps, initial=start, disable=not progress, desc=os.path.basename(workdir) or "train",
              dynamic_ncols=True)
   pending, timer, timed_steps, tok_s = None, None, 0, float("nan")
   step = start
   with jax.set_mesh(mesh):
-    while step < t.steps and np.asarray(state["active"]).any():
+    while step < t.steps and len(live):
       if stop_after is not None and step >= stop_after:
         break
       batch = next(data)
-      state, metrics = step_fn(state, batch)
+      if len(live) < len(members):
+        batch = {k: v[live] for k, v in batch.items()}
+      sub, metrics = step_for(len(live))[0](sub, batch)
       step += 1
       # Read the previous step's metrics only now, so the host never waits on the step
       # it just dispatched.
       if pending is not None and pending[0] % t.log_every == 0:
-        loss = np.asarray(pending[1]["loss"])
+        p_step, p_live, p_metrics = pending
+        loss, gnorm = np.asarray(p_metrics["loss"]), np.asarray(p_metrics["grad_norm"])
         if timer is not None and timed_steps:
-          tok_s = tokens_per_step * timed_steps / (time.perf_counter() - timer)
-        for i, m in enumerate(members):
-          writer.write(pending[0], m.name, {"loss": loss[i], "lr": schedule(pending[0]),
-                                            "grad_norm": np.asarray(pending[1]["grad_norm"])[i],
-                                            "tokens_per_s": tok_s})
-        bar.set_postfix(loss=f"{loss.mean():.3f}", tok_s=f"{tok_s:,.0f}")
+          tok_s = t.batch_size * seq * timed_steps / (time.perf_counter() - timer)
+        for j, i in enumerate(p_live):
+          writer.write(p_step, members[i].name, {"loss": loss[j], "lr": schedule(p_step),
+                                                 "grad_norm": gnorm[j], "tokens_per_s": tok_s})
+        bar.set_postfix(loss=f"{loss.mean():.3f}", tok_s=f"{tok_s:,.0f}", live=len(p_live))
         timer, timed_steps = time.perf_counter(), 0
-      pending = (step, metrics)
-      timed_steps += 1
+      pending = (step, live, metrics)
+      timed_steps += len(live)
       if timer is None:  # first step compiled: start timing from here
         jax.block_until_ready(metrics)
         timer, timed_steps = time.perf_counter(), 0
@@ -126,9 +154,10 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
         timer, timed_steps = None, 0  # evaluation time is not training time
       loop["step"] = step
       if step % t.checkpoint_every == 0 or step == t.steps:
-        ckpt_lib.save(mngr, step, state, data, loop)
+        ckpt_lib.save(mngr, step, merged(), data, loop)
+  state = merged()
   bar.close()
-  finished = step >= t.steps or not np.asarray(state["active"]).any()
+  finished = step >= t.steps or not len(live)
   if finished and mngr.latest_step() != step:
     ckpt_lib.save(mngr, step, state, data, loop)
   mngr.wait_until_finished()

@@ -35,9 +35,10 @@ def _reexec_with_tcmalloc():
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint file at INFO
-  from xlt import experiment
+  from xlt import experiment, grid
 
-  experiment.run(_CONFIG.value, _WORKDIR.value)
+  c = _CONFIG.value
+  (grid.run if c.get("grid") else experiment.run)(c, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,15 @@ def transfer_table(rows: list[dict], metric: str, title: str = "") -> str:
   return "\n".join(l for l in lines if l) + "\n"
 
 
+def sweep_table(rows: list[dict], metric: str, title: str = "") -> str:
+  """Markdown table of a sample-size sweep: one line per (language, samples)."""
+  lines = [title] if title else []
+  lines += ["| language | samples | " + metric + " |", "|---|---|---|"]
+  for r in sorted((r for r in rows if r["metric"] == metric), key=lambda r: (r["language"], r["samples"])):
+    lines.append(f"| {r['language']} | {r['samples']} | {fmt(r)} |")
+  return "\n".join(lines) + "\n"
+
+
 def plot_curves(path: str, curves: dict[str, list[tuple[int, float]]], ylabel: str):
   """One line per run: held-out score over training steps."""
   import matplotlib

@@ -88,15 +88,12 @@ def _grads(cfg, params, batch, accum: int):
 
 
 def train_step(state: State, batch, *, cfg, tx, accum: int = 1):
-  """One model's step. Inactive models (stopped early) keep their state unchanged."""
+  """One model's step. (Members that stopped early never reach it: the loop drops them
+  from the ensemble, and `active` only records which ones still train.)"""
   loss, grads = _grads(cfg, state["params"], batch, accum)
   updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-  params = optax.apply_updates(state["params"], updates)
-  keep = lambda new, old: jnp.where(state["active"], new, old)
-  new = {"step": state["step"] + state["active"].astype(jnp.int32),
-         "params": jax.tree.map(keep, params, state["params"]),
-         "opt_state": jax.tree.map(keep, opt_state, state["opt_state"]),
-         "active": state["active"]}
+  new = {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
+         "opt_state": opt_state, "active": state["active"]}
   return new, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
 

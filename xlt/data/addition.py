@@ -321,3 +321,46 @@ def make_split(
   train = sample_problems(n_train, seed=train_seq, exclude=held_out, **kw)
   return ([make_example(a, b, language) for a, b in train],
           [make_example(a, b, language) for a, b in test])
+
+
+def eval_set(examples: Sequence[Example], language: str):
+  from xlt.data.common import EvalSet
+
+  prompts = tuple(ex.prompt for ex in examples)
+  max_new = max(len(ex.answer) for ex in examples) + 1
+  return EvalSet(language, prompts, lambda i, answer: {"exact_match": float(is_correct(prompts[i], answer, language))},
+                 "exact_match", max_new)
+
+
+def build(c, counts: dict[str, int]):
+  """The addition task: `counts[language]` training problems per language (config: see
+  configs/addition.py). Test and validation problems of *every* language are excluded
+  from the training problems of every language (as unordered pairs), so a mixed model
+  never trains on another language's spelling of a test problem."""
+  from xlt.data.common import Task, WordTokenizer, max_length
+
+  ac = c.addition
+  for lang in counts:
+    _check_language(lang)
+  kw = dict(min_digits=ac.min_digits, max_digits=ac.max_digits)
+  langs = sorted(counts, key=LANGUAGES.index)
+  held = {}
+  for lang in langs:  # one held-out draw per base, shared by the languages of that base
+    base = base_of(lang)
+    if base not in held:
+      seq = np.random.SeedSequence([ac.seed, base, 1])
+      held[base] = sample_problems(ac.num_test + ac.num_val, seed=seq, base=base, **kw)
+  excluded = frozenset(p for ps in held.values() for a, b in ps for p in ((a, b), (b, a)))
+  train, val, test = {}, {}, {}
+  for i, lang in enumerate(langs):
+    seq = np.random.SeedSequence([ac.seed, LANGUAGES.index(lang), 0])
+    probs = sample_problems(counts[lang], seed=seq, base=base_of(lang), exclude=excluded, **kw)
+    train[lang] = [make_example(a, b, lang) for a, b in probs]
+    ho = held[base_of(lang)]
+    test[lang] = eval_set([make_example(a, b, lang) for a, b in ho[:ac.num_test]], lang)
+    val[lang] = eval_set([make_example(a, b, lang) for a, b in ho[ac.num_test:]], lang)
+  seq_len = max(max_example_length(lang, ac.max_digits) for lang in langs)
+  tok = WordTokenizer(s for lang in langs for s in symbols(lang))
+  return Task(tokenizer=tok, seq_len=seq_len, train=train, val=val, test=test,
+              info={"languages": langs, "digits": [ac.min_digits, ac.max_digits],
+                    "test_problems": ac.num_test, "val_problems": ac.num_val})

@@ -4,11 +4,14 @@ An instance is a (start, target) pair; its answer is a shortest path. A *languag
 a (grammar, vocabulary) pair, named `<grammar>_<vocab>`:
 
   grammar `node`: `s t : s a b t`            (the path as a node list)
-  grammar `edge`: `s t : s a , a b , b t`    (consecutive pairs, `,` between edges)
+  grammar `edge`: `s t = s a , a b , b t`    (consecutive pairs, `,` between edges)
   vocab `plain`:  node i is the token `i`
   vocab `offset`: node i is the token `i + 10000` (no node token is shared with `plain`)
 
-`:` is the delimiter; the loss is taken on the path only. Training samples are the
+The delimiter (`:` for node lists, `=` for edge lists) ends the prompt; the loss is
+taken on the path only. The grammars differ in the query too: with one shared delimiter,
+`s t :` would not say which grammar to answer in, and a mixed model would have to guess
+(it then answers most edge-list queries with node lists). Training samples are the
 different shortest paths of training pairs; evaluation uses pairs never seen in
 training. Unreachable pairs and start == target are excluded.
 """
@@ -27,7 +30,8 @@ from xlt.data.common import Example
 GRAMMARS = ("node", "edge")
 VOCABS = {"plain": 0, "offset": 10000}
 LANGUAGES = tuple(f"{g}_{v}" for g in GRAMMARS for v in VOCABS)
-DELIM, EDGE_SEP = ":", ","
+DELIMS = {"node": ":", "edge": "="}
+EDGE_SEP = ","
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,8 +100,8 @@ def _node(i: int, offset: int) -> str:
 
 
 def prompt(pair: tuple[int, int], language: str) -> tuple[str, ...]:
-  _, offset = check_language(language)
-  return (_node(pair[0], offset), _node(pair[1], offset), DELIM)
+  grammar, offset = check_language(language)
+  return (_node(pair[0], offset), _node(pair[1], offset), DELIMS[grammar])
 
 
 def encode_path(path: Sequence[int], language: str) -> tuple[str, ...]:
@@ -141,7 +145,7 @@ def make_example(path: Sequence[int], language: str) -> Example:
 
 def symbols(graph: nx.Graph, language: str) -> list[str]:
   grammar, offset = check_language(language)
-  return [DELIM] + ([EDGE_SEP] if grammar == "edge" else []) + [_node(i, offset) for i in graph]
+  return [DELIMS[grammar]] + ([EDGE_SEP] if grammar == "edge" else []) + [_node(i, offset) for i in graph]
 
 
 def score(graph: nx.Graph, pair: tuple[int, int], answer: Sequence[str], language: str) -> dict:
@@ -162,32 +166,33 @@ def eval_set(graph: nx.Graph, pairs: Sequence[tuple[int, int]], language: str, m
                  lambda i, answer: score(graph, pairs[i], answer, language), "valid", max_new)
 
 
-def build(c) -> "Task":
-  """The graph task for the languages of `c.mixture` (config fields: see configs/graph.py)."""
+def build(c, counts: dict[str, int]) -> "Task":
+  """The graph task: `counts[language]` training samples of each language (config
+  fields: see configs/graph.py). With a source and a target, the target's pairs follow
+  `c.mixture.target_pairs`."""
   from xlt.data.common import Task, WordTokenizer, max_length
 
   g = c.graph
   graph = make_graph(g.num_nodes, g.edge_prob, g.seed)
   split = split_pairs(graph, num_test=g.num_test_pairs, num_val=g.num_val_pairs, seed=g.split_seed)
   mix = c.mixture
-  langs = {"source": mix.source, "target": mix.target}
-  for lang in langs.values():
+  for lang in counts:
     check_language(lang)
-  if mix.source == mix.target:
-    raise ValueError(f"mixture.source and mixture.target are the same language {mix.source!r}")
-  counts = {"source": mix.source_samples, "target": mix.target_samples}
-  source_paths = sample_paths(graph, split.train, counts["source"], g.sample_seed, mix.source)
-  if mix.target_pairs == "any":  # an independent draw: it may share pairs with the source
-    target_pool = split.train
-  elif mix.target_pairs == "disjoint":  # only pairs the source never trains on
-    used = {(p[0], p[-1]) for p in source_paths}
-    target_pool = [p for p in split.train if p not in used]
-  else:
+  if mix.target_pairs not in ("any", "disjoint"):
     raise ValueError(f"mixture.target_pairs must be 'any' or 'disjoint', got {mix.target_pairs!r}")
-  target_paths = sample_paths(graph, target_pool, counts["target"], g.sample_seed + 1, mix.target)
-  train = {mix.source: [make_example(p, mix.source) for p in source_paths],
-           mix.target: [make_example(p, mix.target) for p in target_paths]}
-  tok = WordTokenizer(s for lang in langs.values() for s in symbols(graph, lang))
+  # The source draws first; the target (and any other language) draws independently,
+  # or, with target_pairs="disjoint", only from pairs the source never trains on.
+  order = sorted(counts, key=lambda l: l != mix.source)
+  train, used = {}, set()
+  for i, lang in enumerate(order):
+    pool = split.train
+    if mix.target_pairs == "disjoint" and lang != mix.source:
+      pool = [p for p in split.train if p not in used]
+    paths = sample_paths(graph, pool, counts[lang], g.sample_seed + i, lang)
+    used |= {(p[0], p[-1]) for p in paths} if lang == mix.source else set()
+    train[lang] = [make_example(p, lang) for p in paths]
+  langs = {lang: lang for lang in order}
+  tok = WordTokenizer(s for lang in order for s in symbols(graph, lang))
   # Longest possible answer: the diameter of the graph, in the wordier language.
   diameter = max(nx.diameter(graph.subgraph(cc)) for cc in nx.connected_components(graph))
   longest = max(len(encode_path(range(diameter + 1), lang)) for lang in langs.values())

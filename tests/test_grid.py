@@ -1,0 +1,73 @@
+import json
+
+import pytest
+
+from configs import addition, addition_table2
+from xlt import experiment, grid
+from xlt.data import addition as addition_data
+
+
+def _tiny(c):
+  c.num_seeds = 1
+  c.model.num_layers, c.model.num_heads, c.model.d_model = 1, 2, 16
+  c.addition.max_digits, c.addition.num_test, c.addition.num_val = 4, 32, 16
+  c.train.batch_size, c.train.steps, c.train.eval_every, c.train.checkpoint_every = 16, 4, 2, 2
+  c.opt.warmup_steps = 1
+  c.eval.batch_size = 32
+  c.mesh.data, c.mesh.devices = 1, 1
+  return c
+
+
+def test_addition_task_holds_out_every_languages_test_problems():
+  c = addition.get_config()
+  c.addition.max_digits, c.addition.num_test, c.addition.num_val = 4, 200, 50
+  task = experiment.get_task(c, [experiment.Cell("mixed", (("standard", 3000), ("letter", 3000)), 0)])
+  held = set()
+  for lang in ("standard", "letter"):
+    for es in (task.test[lang], task.val[lang]):
+      held |= {tuple(sorted(_operands(p, lang))) for p in es.prompts}
+  for lang in ("standard", "letter"):
+    trained = {tuple(sorted(addition_data.parse_example(ex, lang)[:2])) for ex in task.train[lang]}
+    assert not trained & held
+  # the base-10 languages share their test problems (parallel test sets)
+  assert [_operands(p, "standard") for p in task.test["standard"].prompts] == \
+         [_operands(p, "letter") for p in task.test["letter"].prompts]
+  # exact match scores the true answer 1 and a wrong one 0
+  es = task.test["letter"]
+  a, b = _operands(es.prompts[0], "letter")
+  right = list(addition_data.encode_number(a + b, "letter"))[::-1]
+  assert es.score(0, right) == {"exact_match": 1.0}
+  assert es.score(0, right[:-1]) == {"exact_match": 0.0}
+
+
+def _operands(prompt, lang):
+  a, b, _ = addition_data._parse_prompt(tuple(prompt), lang)
+  return a, b
+
+
+def test_sweep_cells_share_one_ensemble_and_use_prefixes():
+  c = _tiny(addition.get_config())
+  c.sweep = {"language": "standard", "samples": (20, 40)}
+  cells = experiment.plan(c)
+  assert [cell.samples for cell in cells] == [(("standard", 20),), (("standard", 40),)]
+  task = experiment.get_task(c, cells)
+  assert len(task.train["standard"]) == 40
+
+
+def test_grid_runs_each_point_and_resumes(tmp_path, capsys):
+  c = _tiny(addition_table2.get_config())
+  c.grid = [dict(p, **{"mixture.source_samples": 64, "mixture.target_samples": 16}) for p in c.grid[:2]]
+  rows = grid.run(c, str(tmp_path), progress=False)
+  assert {r["experiment"] for r in rows} == {"addition_table2/standard+letter", "addition_table2/standard+roman"}
+  assert json.load(open(tmp_path / "results.json")) == rows
+  assert "standard+roman" in (tmp_path / "table.md").read_text()
+  capsys.readouterr()
+  assert grid.run(c, str(tmp_path), progress=False) == rows  # finished points are not retrained
+  assert capsys.readouterr().out.count("finished earlier") == 2
+
+
+def test_bad_grid_point_fails_before_training(tmp_path):
+  c = _tiny(addition_table2.get_config())
+  c.grid = [{"name": "x", "mixture.sauce": "standard"}]
+  with pytest.raises(ValueError, match="unknown config field"):
+    grid.run(c, str(tmp_path), progress=False)
