@@ -104,7 +104,7 @@ def test_stopped_members_freeze_drop_out_and_resume_exactly(graph_config, tmp_pa
   cfg, members = _members(c)
   # member 0 reaches the target score at the first evaluation; member 1 never improves
   # after its first score, so it stops after `patience` more evaluations.
-  evaluate = lambda params: [1.0, 0.5]
+  evaluate = lambda params, ids: [[1.0, 0.5][i] for i in ids]
   full = loop.train_ensemble(c, cfg, members, evaluate, str(tmp_path / "full"), progress=False)
   assert full["stopped_at"] == [4, 16] and full["finished"] and full["step"] == 16
   at4 = loop.train_ensemble(c, cfg, members, None, str(tmp_path / "at4"), stop_after=4, progress=False)

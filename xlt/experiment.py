@@ -141,9 +141,10 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
     members.append(loop_lib.Member(cell.name, cell.seed, {"tokens": enc.tokens, "loss_mask": enc.loss_mask}))
   member_langs = [cell.languages for cell in cells]
 
-  def evaluate(params):  # early-stopping score: mean over the member's languages
-    scored = score_members(cfg, params, task, task.val, member_langs, c.eval.batch_size)
-    return [np.mean([s[l][task.val[l].metric] for l in ls]) for s, ls in zip(scored, member_langs)]
+  def evaluate(params, ids):  # early-stopping score: mean over the member's languages
+    langs = [member_langs[i] for i in ids]
+    scored = score_members(cfg, params, task, task.val, langs, c.eval.batch_size)
+    return [np.mean([s[l][task.val[l].metric] for l in ls]) for s, ls in zip(scored, langs)]
 
   out = loop_lib.train_ensemble(c, cfg, members, evaluate, workdir, stop_after=stop_after,
                                 progress=progress)

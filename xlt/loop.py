@@ -41,11 +41,11 @@ class Member:
 
 
 def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
-                   evaluate: Callable[[object], np.ndarray] | None, workdir: str, *,
+                   evaluate: Callable[[object, np.ndarray], Sequence[float]] | None, workdir: str, *,
                    tx: optax.GradientTransformation | None = None, mesh=None,
                    stop_after: int | None = None, progress: bool = True):
-  """Trains the members together. `evaluate(params)` returns one held-out score per
-  member (higher is better). `stop_after` ends the call early (as a crash would)
+  """Trains the members together. `evaluate(params, member_ids)` returns one held-out
+  score (higher is better) for each of the given members, whose stacked params it gets. `stop_after` ends the call early (as a crash would)
   without finishing the run: a later call resumes from the last checkpoint.
 
   Returns dict(state, history, stopped_at, tokens_per_s, finished).
@@ -97,11 +97,10 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
   def evaluate_and_stop(step):
     nonlocal state, live, sub
     state = merged()
-    scores = np.asarray(evaluate(state["params"]), float)
+    scores = np.asarray(evaluate(sub["params"], live), float)  # only members still training
     active = np.asarray(state["active"]).copy()
-    for i, (m, s) in enumerate(zip(members, scores)):
-      if not active[i]:
-        continue
+    for i, s in zip(live, scores):
+      m = members[i]
       loop["history"][i].append([step, float(s)])
       writer.write(step, m.name, {"val_score": s})
       if s > loop["best"][i] + t.min_delta:

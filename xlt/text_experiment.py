@@ -134,22 +134,26 @@ class BestParams:
     self.path, self.scores, self.leaves = path, np.full(num_members, -np.inf), None
     if os.path.isfile(path):
       with np.load(path) as f:
-        self.scores = f["scores"]
+        self.scores = np.array(f["scores"], float)
         self.leaves = [f[f"leaf_{k}"] for k in range(len(f.files) - 1)]
       if len(self.scores) != num_members:
         raise ValueError(f"{path} holds {len(self.scores)} members, the config {num_members}: "
                          f"use a fresh workdir")
 
-  def update(self, params, scores: np.ndarray):
-    improved = np.asarray(scores) > self.scores
+  def update(self, params, scores, ids):
+    """`params` and `scores` are those of the members `ids` (the ones still training)."""
+    ids, scores = np.asarray(ids), np.asarray(scores, float)
+    improved = scores > self.scores[ids]
     if not improved.any():
       return
     host = [np.asarray(x) for x in jax.tree.leaves(params)]
     if self.leaves is None:
+      if len(ids) != len(self.scores):
+        raise ValueError(f"{self.path} is missing but some members already stopped: use a fresh workdir")
       self.leaves = [h.copy() for h in host]
     for best, new in zip(self.leaves, host):
-      best[improved] = new[improved]
-    self.scores = np.where(improved, scores, self.scores)
+      best[ids[improved]] = new[improved]
+    self.scores[ids[improved]] = scores[improved]
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".npz.tmp")
     with os.fdopen(fd, "wb") as f:
       np.savez(f, scores=self.scores, **{f"leaf_{k}": x for k, x in enumerate(self.leaves)})
@@ -416,15 +420,15 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   eval_batch = int(c.eval.batch_size)
   best = BestParams(os.path.join(workdir, "best_params.npz"), len(members))
 
-  def evaluate(params):  # early stopping: -(validation NLL per token), target language
-    scores = np.zeros(len(members))
+  def evaluate(params, ids):  # early stopping: -(validation NLL per token), target language
+    scores = np.zeros(len(ids))
     for role in ROLES:
-      idx = np.asarray([i for i, t in enumerate(targets) if t == role])
+      idx = np.asarray([j for j, i in enumerate(ids) if targets[i] == role])
       if idx.size:
         r = lm.perplexity(cfg, params, val[role]["tokens"], val[role]["loss_mask"], eval_batch,
-                          ensemble=True, members=None if idx.size == len(members) else idx)
+                          ensemble=True, members=None if idx.size == len(ids) else idx)
         scores[idx] = -r["nll_sum"] / r["tokens"]
-    best.update(params, scores)
+    best.update(params, scores, ids)
     return scores
 
   out = loop_lib.train_ensemble(c, cfg, members, evaluate, workdir, stop_after=stop_after,
