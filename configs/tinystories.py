@@ -44,6 +44,8 @@ longer budget should widen the gap. Token perplexities are not comparable to the
 """
 
 import ml_collections
+
+from configs import common
 from ml_collections import config_dict
 
 
@@ -84,39 +86,14 @@ def get_config():
   c.tokenizer.vocab_size = 1024
   c.tokenizer.max_sentences_per_language = 300_000
 
-  c.model = ml_collections.ConfigDict()
-  c.model.num_layers = 2
-  c.model.num_heads = 4
-  c.model.d_model = 128
-  c.model.block_size = 128
-  c.model.mlp_ratio = 4
-  c.model.tie_embeddings = False
-  c.model.dtype = "float32"
+  c.model = common.model(num_layers=2, num_heads=4, d_model=128, block_size=128)
+  # the same step budget for every condition; the score is -(NLL per token), so there is
+  # no target to stop at (target_score 0 is never reached); min_delta in nats per token
+  c.train = common.train(batch_size=16, steps=1000, eval_every=40, patience=4, min_delta=0.002,
+                         target_score=0.0, log_every=25, checkpoint_every=250)
+  c.opt = common.opt(c.train, schedule="cosine", peak_lr=3e-3, warmup_steps=50)
 
-  c.train = ml_collections.ConfigDict()
-  c.train.batch_size = 16
-  c.train.steps = 1000  # the same budget for every condition
-  c.train.grad_accum = 1
-  c.train.eval_every = 40
-  c.train.patience = 4  # evaluations without a gain of min_delta (nats per token)
-  c.train.min_delta = 0.002
-  c.train.target_score = 0.0  # -(NLL) can never reach 0: no target
-  c.train.log_every = 25
-  c.train.checkpoint_every = 250
-
-  c.opt = ml_collections.ConfigDict()
-  c.opt.name = "adamw"
-  c.opt.schedule = "cosine"
-  c.opt.peak_lr = 3e-3
-  c.opt.warmup_steps = 50
-  c.opt.total_steps = c.train.get_ref("steps")
-  c.opt.b1 = 0.9
-  c.opt.b2 = 0.95
-  c.opt.weight_decay = 0.1
-  c.opt.clip = 1.0
-
-  c.eval = ml_collections.ConfigDict()
-  c.eval.batch_size = 32  # rows per perplexity call (x members)
+  c.eval = common.eval_(batch_size=32)  # rows per perplexity call (x members)
 
   c.samples = ml_collections.ConfigDict()
   c.samples.temperature = 0.8
@@ -127,8 +104,5 @@ def get_config():
   c.samples.prompts_high = ()  # or explicit prompts
   c.samples.prompts_low = ()
 
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.data = -1
-  c.mesh.fsdp = 1
-  c.mesh.tensor = 1
+  c.mesh = common.mesh()
   return c

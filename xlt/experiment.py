@@ -80,14 +80,9 @@ def get_task(c, cells: list[Cell] | None = None) -> common.Task:
 
 
 def model_config(c, task: common.Task) -> model_lib.Config:
-  m = c.model.to_dict()
-  if task.seq_len > m["block_size"]:
-    raise ValueError(f"sequences of {task.seq_len} tokens do not fit model.block_size={m['block_size']}")
-  # The embedding table is padded (unused ids) so the vocab axis splits evenly over a
-  # tensor-parallel mesh axis.
-  multiple = m.pop("vocab_multiple", 8)
-  vocab = -(-task.tokenizer.vocab_size // multiple) * multiple
-  return model_lib.Config(vocab_size=vocab, **m)
+  if task.seq_len > c.model.block_size:
+    raise ValueError(f"sequences of {task.seq_len} tokens do not fit model.block_size={c.model.block_size}")
+  return model_lib.config_from(c.model.to_dict(), task.tokenizer.vocab_size)
 
 
 def score_members(cfg, params, task: common.Task, sets: dict[str, common.EvalSet],

@@ -43,6 +43,15 @@ class Config:
       raise ValueError(f"model.d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
 
 
+def config_from(model_config, vocab_size: int) -> Config:
+  """A `Config` from a config file's `model` fields and the tokenizer's vocab size. The
+  embedding table is padded to a multiple of `vocab_multiple` (unused ids), so the vocab
+  axis splits evenly over a tensor-parallel mesh axis."""
+  m = dict(model_config)
+  multiple = m.pop("vocab_multiple", 8)
+  return Config(vocab_size=-(-vocab_size // multiple) * multiple, **m)
+
+
 def _init(axes, std=0.02):
   return nn.with_logical_partitioning(nn.initializers.normal(std), axes)
 

@@ -377,7 +377,7 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   sp = text.train_or_load_tokenizer(
       workdir, [specs["high"], specs["low"]], vocab_size=c.tokenizer.vocab_size, split=split,
       max_sentences_per_language=c.tokenizer.max_sentences_per_language)
-  cfg = model_lib.Config(vocab_size=sp.get_piece_size(), **c.model.to_dict())
+  cfg = model_lib.config_from(c.model.to_dict(), sp.get_piece_size())
 
   needed = {p for cond in conditions for p in condition_parts(cond)}
   packed, counts = {}, {}
