@@ -117,3 +117,11 @@ def test_stopped_members_freeze_drop_out_and_resume_exactly(graph_config, tmp_pa
   assert resumed["stopped_at"] == [4, 16]
   for x, y in zip(jax.tree.leaves(full["state"]), jax.tree.leaves(resumed["state"])):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_no_early_stop_before_min_steps(graph_config, tmp_path):
+  c = graph_config
+  c.train.steps, c.train.eval_every, c.train.patience, c.train.min_steps = 12, 2, 1, 8
+  cfg, members = _members(c, seeds=(0,))
+  out = loop.train_ensemble(c, cfg, members, lambda params, ids: [0.5] * len(ids), str(tmp_path), progress=False)
+  assert out["stopped_at"] == [8]

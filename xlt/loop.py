@@ -2,7 +2,8 @@
 evaluation, per-member early stopping, metrics and checkpoints.
 
 Each member stops on its own once its held-out score has not improved by `min_delta`
-for `patience` evaluations (or reached `target_score`); a stopped member's state is
+for `patience` evaluations (or reached `target_score`), but never before `min_steps`
+(tasks like addition sit on a long plateau before they learn); a stopped member's state is
 frozen inside the step (see train.train_step), and the loop ends when all have stopped
 or after `train.steps` steps.
 """
@@ -107,7 +108,7 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
         loop["best"][i], loop["since_best"][i] = float(s), 0
       else:
         loop["since_best"][i] += 1
-      if loop["since_best"][i] >= t.patience or s >= t.target_score:
+      if step >= t.get("min_steps", 0) and (loop["since_best"][i] >= t.patience or s >= t.target_score):
         active[i] = False
         loop["stopped_at"][i] = step
     state["active"] = jax.device_put(active, state_sh["active"])
