@@ -163,8 +163,7 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   results_lib.plot_curves(os.path.join(workdir, "curves.png"),
                           {m.name: h for m, h in zip(members, out["history"])}, f"held-out {metric}")
   title = f"{c.name}: test {metric} (mean ± std over {c.num_seeds} seeds)"
-  table = (results_lib.sweep_table(rows, metric, title) if c.get("sweep")
-           else results_lib.transfer_table(rows, metric, title))
+  table = results_lib.table(rows, metric, title, sweep=bool(c.get("sweep")))
   results_lib.atomic_write(os.path.join(workdir, "table.md"), table)
   summary = {"task_info": task.info, "vocab_size": cfg.vocab_size, "seq_len": task.seq_len,
              "params_per_model": model_lib.count_params(jax.tree.map(lambda x: x[0], out["state"]["params"])),

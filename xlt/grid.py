@@ -51,8 +51,7 @@ def run(c, workdir: str, progress: bool = True) -> list[dict]:
   results_lib.write(workdir, rows)
   metric = rows[0]["metric"] if rows else ""
   title = f"{c.name}: test {metric} (mean ± std over seeds)"
-  table = (results_lib.sweep_table(rows, metric, title) if c.get("sweep")
-           else results_lib.transfer_table(rows, metric, title))
+  table = results_lib.table(rows, metric, title, sweep=bool(c.get("sweep")))
   results_lib.atomic_write(os.path.join(workdir, "table.md"), table)
   print(table)
   return rows

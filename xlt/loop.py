@@ -3,9 +3,9 @@ evaluation, per-member early stopping, metrics and checkpoints.
 
 Each member stops on its own once its held-out score has not improved by `min_delta`
 for `patience` evaluations (or reached `target_score`), but never before `min_steps`
-(tasks like addition sit on a long plateau before they learn); a stopped member's state is
-frozen inside the step (see train.train_step), and the loop ends when all have stopped
-or after `train.steps` steps.
+(tasks like addition sit on a long plateau before they learn). A stopped member drops
+out of the compiled step (its state stays as it was), and the loop ends when all have
+stopped or after `train.steps` steps.
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
                    tx: optax.GradientTransformation | None = None, mesh=None,
                    stop_after: int | None = None, progress: bool = True):
   """Trains the members together. `evaluate(params, member_ids)` returns one held-out
-  score (higher is better) for each of the given members, whose stacked params it gets. `stop_after` ends the call early (as a crash would)
-  without finishing the run: a later call resumes from the last checkpoint.
+  score (higher is better) for each of the given members, whose stacked params it gets.
+  `stop_after` ends the call early (as a crash would) without finishing the run: a later
+  call resumes from the last checkpoint.
 
   Returns dict(state, history, stopped_at, tokens_per_s, finished).
   """
@@ -111,8 +112,7 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
       if step >= t.get("min_steps", 0) and (loop["since_best"][i] >= t.patience or s >= t.target_score):
         active[i] = False
         loop["stopped_at"][i] = step
-    state["active"] = jax.device_put(active, state_sh["active"])
-    state = jax.device_put(state, state_sh)
+    state = jax.device_put({**state, "active": active}, state_sh)
     live, sub = split(state)
     writer.flush()
 

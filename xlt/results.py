@@ -87,6 +87,11 @@ def sweep_table(rows: list[dict], metric: str, title: str = "") -> str:
   return "\n".join(lines) + "\n"
 
 
+def table(rows: list[dict], metric: str, title: str, sweep: bool) -> str:
+  """The markdown table of an experiment: a sweep's or a transfer pair's shape."""
+  return sweep_table(rows, metric, title) if sweep else transfer_table(rows, metric, title)
+
+
 def plot_curves(path: str, curves: dict[str, list[tuple[int, float]]], ylabel: str):
   """One line per run: held-out score over training steps."""
   import matplotlib

@@ -337,7 +337,7 @@ def build(c, counts: dict[str, int]):
   configs/addition.py). Test and validation problems of *every* language are excluded
   from the training problems of every language (as unordered pairs), so a mixed model
   never trains on another language's spelling of a test problem."""
-  from xlt.data.common import Task, WordTokenizer, max_length
+  from xlt.data.common import Task, WordTokenizer
 
   ac = c.addition
   for lang in counts:
@@ -352,7 +352,7 @@ def build(c, counts: dict[str, int]):
       held[base] = sample_problems(ac.num_test + ac.num_val, seed=seq, base=base, **kw)
   excluded = frozenset(p for ps in held.values() for a, b in ps for p in ((a, b), (b, a)))
   train, val, test = {}, {}, {}
-  for i, lang in enumerate(langs):
+  for lang in langs:
     seq = np.random.SeedSequence([ac.seed, LANGUAGES.index(lang), 0])
     probs = sample_problems(counts[lang], seed=seq, base=base_of(lang), exclude=excluded, **kw)
     train[lang] = [make_example(a, b, lang) for a, b in probs]

@@ -189,19 +189,19 @@ def build(c, counts: dict[str, int]) -> "Task":
     if mix.target_pairs == "disjoint" and lang != mix.source:
       pool = [p for p in split.train if p not in used]
     paths = sample_paths(graph, pool, counts[lang], g.sample_seed + i, lang)
-    used |= {(p[0], p[-1]) for p in paths} if lang == mix.source else set()
+    if lang == mix.source:
+      used = {(p[0], p[-1]) for p in paths}
     train[lang] = [make_example(p, lang) for p in paths]
-  langs = {lang: lang for lang in order}
   tok = WordTokenizer(s for lang in order for s in symbols(graph, lang))
   # Longest possible answer: the diameter of the graph, in the wordier language.
   diameter = max(nx.diameter(graph.subgraph(cc)) for cc in nx.connected_components(graph))
-  longest = max(len(encode_path(range(diameter + 1), lang)) for lang in langs.values())
+  longest = max(len(encode_path(range(diameter + 1), lang)) for lang in order)
   seq_len = 3 + longest + 1
   seq_len = max(seq_len, max_length(ex for v in train.values() for ex in v))
   return Task(
       tokenizer=tok, seq_len=seq_len, train=train,
-      val={l: eval_set(graph, split.val, l, longest + 1) for l in langs.values()},
-      test={l: eval_set(graph, split.test, l, longest + 1) for l in langs.values()},
+      val={l: eval_set(graph, split.val, l, longest + 1) for l in order},
+      test={l: eval_set(graph, split.test, l, longest + 1) for l in order},
       info={"nodes": graph.number_of_nodes(), "edges": graph.number_of_edges(),
             "reachable_pairs": len(reachable_pairs(graph)), "train_pairs": len(split.train),
             "val_pairs": len(split.val), "test_pairs": len(split.test), "diameter": diameter})
