@@ -20,4 +20,6 @@ def get_config(arg: str = ""):
   c.sweep = ml_collections.ConfigDict()
   c.sweep.language = "standard"
   c.sweep.samples = (1000, 2000, 4000, 8000, 16000)
+  if arg == "cpu":  # the reduced setting's counts (configs/addition.py)
+    c.sweep.samples = tuple(n // addition.CPU_SAMPLE_SCALE for n in c.sweep.samples)
   return c

@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from xlt import experiment, results
+from configs import addition, addition_sweep, addition_table2
+from xlt import checkpoint, experiment, results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,8 +33,48 @@ def test_graph_experiment_writes_results(graph_config, tmp_path, monkeypatch):
     assert (tmp_path / name).exists(), name
   assert "| graph_diff_grammar | node_plain | edge_plain | 256 | 64 |" in (tmp_path / "table.md").read_text()
   assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["12", "8"]  # max_to_keep=2
+  # tested: each member at its best validation score, recorded per row
+  assert (tmp_path / "best_params.npz").exists()
+  for r in rows:
+    assert all(b <= s for b, s in zip(r["best_steps"], r["steps"]))
   # a finished experiment is not trained again
   assert experiment.run(graph_config, str(tmp_path), progress=False) == rows
+
+
+def test_best_params_keeps_each_members_best_and_survives_a_restart(tmp_path):
+  path = str(tmp_path / "best.npz")
+  like = {"w": np.zeros((3, 2))}
+  best = checkpoint.BestParams(path, 3)
+  assert best.params(like) is like  # nothing recorded yet
+  best.update({"w": np.full((3, 2), 1.0)}, [0.5, 0.2, 0.1], [0, 1, 2])
+  best.update({"w": np.full((2, 2), 2.0)}, [0.4, 0.3], [0, 2])  # member 0 got worse
+  want = np.array([[1.0, 1.0], [1.0, 1.0], [2.0, 2.0]])
+  np.testing.assert_array_equal(best.params(like)["w"], want)
+  again = checkpoint.BestParams(path, 3)  # a resumed run reads the same models back
+  np.testing.assert_array_equal(again.params(like)["w"], want)
+  np.testing.assert_array_equal(again.scores, [0.5, 0.2, 0.3])
+  with pytest.raises(ValueError, match="fresh workdir"):
+    checkpoint.BestParams(path, 4)
+
+
+def test_seeds_per_condition_and_reduced_addition_configs():
+  c = addition.get_config("cpu")
+  cells = experiment.plan(c)
+  assert [(cell.condition, cell.seed) for cell in cells] == [
+      ("target_alone", 0), ("source_alone", 0), ("mixed", 0), ("mixed", 1)]
+  assert dict(cells[2].samples) == {"standard": 11520 // 8, "letter": 1280 // 8}
+  c.seeds_per_condition = {"mixed": 0}
+  with pytest.raises(ValueError, match="needs >= 1 seed"):
+    experiment.plan(c)
+  # the reduced grid keeps the reference's N/M ratios; a Roman pair gets a block that fits
+  full, cpu = addition_table2.get_config(), addition_table2.get_config("cpu")
+  for f, r in zip(full.grid, cpu.grid):
+    assert r["mixture.source_samples"] * 8 == f["mixture.source_samples"]
+    assert r["mixture.target_samples"] * 8 == f["mixture.target_samples"]
+  assert [g["model.block_size"] for g in full.grid] == [64, 128, 64, 64, 128, 64]
+  assert all(g["model.block_size"] == 64 for g in cpu.grid)
+  assert addition_sweep.get_config("cpu").sweep.samples == (125, 250, 500, 1000, 2000)
+  assert full.model.pos_embedding == "rope"  # LitGPT, the reference's implementation
 
 
 def test_make_row_validates():

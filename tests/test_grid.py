@@ -71,3 +71,17 @@ def test_bad_grid_point_fails_before_training(tmp_path):
   c.grid = [{"name": "x", "mixture.sauce": "standard"}]
   with pytest.raises(ValueError, match="unknown config field"):
     grid.run(c, str(tmp_path), progress=False)
+
+
+def test_graph_table3_grid_points_are_valid_experiments():
+  from configs import graph_table3
+
+  c = graph_table3.get_config()
+  points = [grid.point_config(c, p) for p in c.grid]
+  assert [p.name for p in points] == [f"graph_table3/{n}_m{m}" for m in (256, 512)
+                                      for n in ("diff_vocab", "diff_grammar", "diff_grammar_vocab")]
+  for p in points:
+    cells = experiment.plan(p)
+    assert {cell.condition for cell in cells} == {"target_alone", "source_alone", "mixed"}
+    assert dict(next(cell for cell in cells if cell.condition == "mixed").samples) == {
+        p.mixture.source: 2048, p.mixture.target: p.mixture.target_samples}

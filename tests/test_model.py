@@ -40,8 +40,10 @@ def test_param_paths_name_block_and_kind():
     assert len(spec) == x.ndim
 
 
-def test_causality():
-  cfg = model.Config(vocab_size=20, block_size=16, num_layers=2, num_heads=2, d_model=16)
+@pytest.mark.parametrize("pos_embedding", ["learned", "rope"])
+def test_causality(pos_embedding):
+  cfg = model.Config(vocab_size=20, block_size=16, num_layers=2, num_heads=2, d_model=16,
+                     pos_embedding=pos_embedding)
   params = model.init_params(cfg, jax.random.key(1))
   x = jax.random.randint(jax.random.key(2), (2, 10), 0, 20)
   y = x.at[:, 6:].set((x[:, 6:] + 1) % 20)
@@ -51,8 +53,10 @@ def test_causality():
   assert not np.allclose(lx[:, 6:], ly[:, 6:])
 
 
-def test_greedy_decode_with_cache_equals_full_forward_argmax():
-  cfg = model.Config(vocab_size=20, block_size=24, num_layers=2, num_heads=2, d_model=16)
+@pytest.mark.parametrize("pos_embedding", ["learned", "rope"])
+def test_greedy_decode_with_cache_equals_full_forward_argmax(pos_embedding):
+  cfg = model.Config(vocab_size=20, block_size=24, num_layers=2, num_heads=2, d_model=16,
+                     pos_embedding=pos_embedding)
   params = model.init_params(cfg, jax.random.key(3))
   prompts = np.array([[5, 6, 7, 0], [1, 2, 3, 4]], np.int32)  # lengths 3 and 4
   lens = np.array([3, 4], np.int32)
@@ -65,8 +69,26 @@ def test_greedy_decode_with_cache_equals_full_forward_argmax():
     np.testing.assert_array_equal(row, seq)
 
 
+def test_rope_attention_depends_only_on_offsets():
+  # q.k after rotation is a function of the position offset: shifting both by 7 keeps it
+  q, k = jax.random.normal(jax.random.key(0), (2, 1, 5, 3, 8))
+  pos = jnp.arange(5)
+  dots = jnp.einsum("bthk,bshk->bhts", model.rope(q, pos, 1e4), model.rope(k, pos, 1e4))
+  shifted = jnp.einsum("bthk,bshk->bhts", model.rope(q, pos + 7, 1e4), model.rope(k, pos + 7, 1e4))
+  np.testing.assert_allclose(dots, shifted, atol=1e-4)
+  # position 0 is the identity, and rotation keeps the norm
+  np.testing.assert_allclose(model.rope(q, jnp.zeros(5, int), 1e4), q, atol=1e-6)
+  np.testing.assert_allclose(jnp.linalg.norm(model.rope(q, pos, 1e4), axis=-1),
+                             jnp.linalg.norm(q, axis=-1), rtol=1e-5)
+  # and a rope model has no position table
+  cfg = model.Config(vocab_size=10, num_layers=1, num_heads=2, d_model=8, pos_embedding="rope")
+  assert "wpe" not in model.init_params(cfg, jax.random.key(0))
+
+
 def test_bad_model_config():
   with pytest.raises(ValueError, match="not divisible by num_heads"):
     model.Config(vocab_size=10, d_model=30, num_heads=4)
   with pytest.raises(ValueError, match="must be positive"):
     model.Config(vocab_size=0)
+  with pytest.raises(ValueError, match="pos_embedding"):
+    model.Config(vocab_size=10, pos_embedding="alibi")

@@ -167,3 +167,9 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
       loop["stopped_at"][i] = step
   return {"state": state, "history": loop["history"], "stopped_at": loop["stopped_at"],
           "tokens_per_s": tok_s, "finished": finished, "step": step}
+
+
+def best_steps(history, stopped_at) -> list:
+  """Per member, the step of its best held-out score (the first, on ties; as
+  `checkpoint.BestParams` keeps it), or where it stopped if it was never evaluated."""
+  return [max(h, key=lambda sv: sv[1])[0] if h else s for h, s in zip(history, stopped_at)]

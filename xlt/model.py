@@ -1,9 +1,12 @@
-"""A GPT decoder in Flax (pre-LayerNorm, causal attention, GELU MLP, learned positions).
+"""A GPT decoder in Flax (pre-LayerNorm, causal attention, GELU MLP; learned absolute
+positions or rotary embeddings).
 
 Parameters are a plain nested dict whose paths name the block and the module kind:
 
   wte, wpe, ln_f, lm_head,
   block_{i}/{ln_1, attn/{qkv, proj}, ln_2, mlp/{fc, proj}}
+
+(`wpe` only with `pos_embedding="learned"`; RoPE has no position parameters.)
 
 so a parameter partition or a layer swap is a function of the path (`path_info`).
 Every parameter carries logical axis names (`embed`, `heads`, `mlp`, `vocab`, ...); the
@@ -34,6 +37,11 @@ class Config:
   tie_embeddings: bool = False
   dtype: str = "float32"  # compute dtype; parameters stay float32
   ln_eps: float = 1e-5
+  # "learned": a GPT-2 position table (wpe). "rope": rotary embeddings on queries and keys
+  # (LitGPT's default, the reference's addition model); attention then sees relative offsets,
+  # which is what aligning digits of variable-length operands needs.
+  pos_embedding: str = "learned"
+  rope_base: float = 10000.0
 
   def __post_init__(self):
     for f in ("vocab_size", "block_size", "num_layers", "num_heads", "d_model", "mlp_ratio"):
@@ -41,6 +49,10 @@ class Config:
         raise ValueError(f"model.{f} must be positive, got {getattr(self, f)}")
     if self.d_model % self.num_heads:
       raise ValueError(f"model.d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
+    if self.pos_embedding not in ("learned", "rope"):
+      raise ValueError(f"model.pos_embedding must be 'learned' or 'rope', got {self.pos_embedding!r}")
+    if self.pos_embedding == "rope" and (self.d_model // self.num_heads) % 2:
+      raise ValueError(f"rope needs an even head width, got d_model/num_heads={self.d_model // self.num_heads}")
 
 
 def config_from(model_config, vocab_size: int) -> Config:
@@ -67,6 +79,17 @@ def _layer_norm(cfg: Config, name: str):
       bias_init=_zeros(("norm",)))
 
 
+def rope(x_BxTxHxK, pos_T, base: float):
+  """Rotates each (first half, second half) pair of head features by position x frequency
+  (GPT-NeoX / LitGPT layout), so q.k depends on positions only through their offset."""
+  half = x_BxTxHxK.shape[-1] // 2
+  freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angle_TxK = pos_T[:, None].astype(jnp.float32) * freq[None, :]
+  cos, sin = jnp.cos(angle_TxK)[None, :, None, :], jnp.sin(angle_TxK)[None, :, None, :]
+  x1, x2 = x_BxTxHxK[..., :half].astype(jnp.float32), x_BxTxHxK[..., half:].astype(jnp.float32)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x_BxTxHxK.dtype)
+
+
 class Attention(nn.Module):
   cfg: Config
 
@@ -78,6 +101,9 @@ class Attention(nn.Module):
         (3, h, k), name="qkv", dtype=dt, kernel_init=_init(("embed", "qkv", "heads", "kv")),
         bias_init=_zeros(("qkv", "heads", "kv")))(x_BxTxD)
     q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
+    if c.pos_embedding == "rope":  # keys are cached rotated: a key's position never changes
+      pos_T = pos + jnp.arange(x_BxTxD.shape[1])
+      q_BxTxHxK, k_BxTxHxK = rope(q_BxTxHxK, pos_T, c.rope_base), rope(k_BxTxHxK, pos_T, c.rope_base)
     if cache is not None:  # decoding: write this chunk at `pos`, attend to all written so far
       k_BxSxHxK = jax.lax.dynamic_update_slice(cache[0], k_BxTxHxK.astype(cache[0].dtype), (0, pos, 0, 0))
       v_BxSxHxK = jax.lax.dynamic_update_slice(cache[1], v_BxTxHxK.astype(cache[1].dtype), (0, pos, 0, 0))
@@ -138,10 +164,11 @@ class GPT(nn.Module):
   def __call__(self, tokens_BxT, cache=None, pos=0):
     c, dt = self.cfg, jnp.dtype(self.cfg.dtype)
     wte = nn.Embed(c.vocab_size, c.d_model, name="wte", embedding_init=_init(("vocab", "embed")))
-    wpe = self.param("wpe", _init(("pos", "embed")), (c.block_size, c.d_model))
-    t = tokens_BxT.shape[1]
-    pos_T = pos + jnp.arange(t)
-    x_BxTxD = (wte(tokens_BxT) + jnp.take(wpe, pos_T, axis=0)[None]).astype(dt)
+    x_BxTxD = wte(tokens_BxT)
+    if c.pos_embedding == "learned":
+      wpe = self.param("wpe", _init(("pos", "embed")), (c.block_size, c.d_model))
+      x_BxTxD = x_BxTxD + jnp.take(wpe, pos + jnp.arange(tokens_BxT.shape[1]), axis=0)[None]
+    x_BxTxD = x_BxTxD.astype(dt)
     new_cache = []
     for i in range(c.num_layers):
       x_BxTxD, layer_cache = Block(c, name=f"block_{i}")(

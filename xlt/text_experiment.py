@@ -44,12 +44,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 
 import jax
 import numpy as np
 
+from xlt import checkpoint as ckpt_lib
+from xlt import experiment
 from xlt import lm
 from xlt import loop as loop_lib
 from xlt import model as model_lib
@@ -120,53 +121,6 @@ def packed_counts(tokens, chunk: int = 65536) -> dict[str, int]:
     docs += int((rows[:, 1:] == text.BOS_ID).sum()) + int(start == 0 and rows[0, 0] == text.BOS_ID)
     targets += int(text.row_features(rows)["loss_mask"].sum())
   return {"documents": docs, "targets": targets}
-
-
-class BestParams:
-  """Each member's parameters at its best validation score so far: the models that are tested.
-
-  Kept on the host and written to `path` (.npz, atomically) whenever a member improves, so a
-  resumed run tests the same models. (The loop freezes a member `patience` evaluations after
-  its best; on a small training set that is already overfit.)
-  """
-
-  def __init__(self, path: str, num_members: int):
-    self.path, self.scores, self.leaves = path, np.full(num_members, -np.inf), None
-    if os.path.isfile(path):
-      with np.load(path) as f:
-        self.scores = np.array(f["scores"], float)
-        self.leaves = [f[f"leaf_{k}"] for k in range(len(f.files) - 1)]
-      if len(self.scores) != num_members:
-        raise ValueError(f"{path} holds {len(self.scores)} members, the config {num_members}: "
-                         f"use a fresh workdir")
-
-  def update(self, params, scores, ids):
-    """`params` and `scores` are those of the members `ids` (the ones still training)."""
-    ids, scores = np.asarray(ids), np.asarray(scores, float)
-    improved = scores > self.scores[ids]
-    if not improved.any():
-      return
-    host = [np.asarray(x) for x in jax.tree.leaves(params)]
-    if self.leaves is None:
-      if len(ids) != len(self.scores):
-        raise ValueError(f"{self.path} is missing but some members already stopped: use a fresh workdir")
-      self.leaves = [h.copy() for h in host]
-    for best, new in zip(self.leaves, host):
-      best[ids[improved]] = new[improved]
-    self.scores[ids[improved]] = scores[improved]
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".npz.tmp")
-    with os.fdopen(fd, "wb") as f:
-      np.savez(f, scores=self.scores, **{f"leaf_{k}": x for k, x in enumerate(self.leaves)})
-    os.replace(tmp, self.path)
-
-  def params(self, like):
-    """The best parameters in `like`'s tree structure (`like` itself if none were recorded)."""
-    if self.leaves is None:
-      return like
-    shapes = [x.shape for x in jax.tree.leaves(like)]
-    if shapes != [x.shape for x in self.leaves]:
-      raise ValueError(f"{self.path} does not match the model: use a fresh workdir")
-    return jax.tree.unflatten(jax.tree.structure(like), jax.device_put(self.leaves))
 
 
 # ---------------------------------------------------------------------------------- data
@@ -252,11 +206,6 @@ def condition_parts(cond: str) -> list[tuple[str, str]]:
             "mixed": [("low", "limited"), ("high", "train")]}[cond]
   except KeyError:
     raise ValueError(f"unknown condition {cond!r}; known: {', '.join(CONDITIONS)}") from None
-
-
-def condition_seeds(c, cond: str) -> list[int]:
-  n = int(c.get("seeds_per_condition", {}).get(cond, c.num_seeds))
-  return list(range(c.seed, c.seed + n))
 
 
 # ------------------------------------------------------------------------------- samples
@@ -409,7 +358,7 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
         "high_fraction": 1.0 if ("high", "train") in parts else 0.0,
         "low_token_share": toks["low"] / max(1, toks["low"] + toks["high"])}
 
-  cells = [(cond, seed) for cond in conditions for seed in condition_seeds(c, cond)]
+  cells = [(cond, seed) for cond in conditions for seed in experiment.condition_seeds(c, cond)]
   members = []
   for cond, seed in cells:
     arrays = [packed[p] for p in condition_parts(cond)]
@@ -418,7 +367,7 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
                                    {"tokens": rows, "loss_mask": LossMaskView(rows)}))
   targets = ["high" if cond == "high_only" else "low" for cond, _ in cells]
   eval_batch = int(c.eval.batch_size)
-  best = BestParams(os.path.join(workdir, "best_params.npz"), len(members))
+  best = ckpt_lib.BestParams(os.path.join(workdir, "best_params.npz"), len(members))
 
   def evaluate(params, ids):  # early stopping: -(validation NLL per token), target language
     scores = np.zeros(len(ids))
@@ -436,8 +385,7 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   if not out["finished"]:
     return []
   params = best.params(out["state"]["params"])
-  best_steps = [max(h, key=lambda sv: sv[1])[0] if h else out["stopped_at"][i]
-                for i, h in enumerate(out["history"])]
+  best_steps = loop_lib.best_steps(out["history"], out["stopped_at"])
 
   rows = []
   scored = {}
@@ -463,7 +411,7 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
             steps=[out["stopped_at"][i] for i in idx]))
   results_lib.write(workdir, rows)
 
-  seeds = sorted({len(condition_seeds(c, cond)) for cond in conditions})
+  seeds = sorted({len(experiment.condition_seeds(c, cond)) for cond in conditions})
   title = (f"{c.name}: {language(specs, 'high')} (high) + {language(specs, 'low')} (low), "
            f"test perplexity (mean ± std over {'/'.join(map(str, seeds))} seed(s))")
   table = table_markdown(rows, specs, composition, title)
