@@ -7,6 +7,10 @@
 Finds where a language alone starts and stops generalizing: the reference saw standard
 addition fail at 4k samples and reach ~100% at 8k; Roman above 80% already at 4k. All
 sizes × seeds train together; a smaller size uses a prefix of the larger one's problems.
+
+xlt `:cpu` (3-digit operands, sizes / 8; `--config.num_seeds=1 --config.train.steps=1500`,
+489 s on 2 cores), standard test exact match: 125: 0.20%, 250: 0.30%, 500: 1.60%,
+1000: 74.40%, 2000: 92.10%, i.e. the threshold lies between 500 and 1000 (reference: 4k-8k).
 """
 
 import ml_collections
