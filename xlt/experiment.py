@@ -56,12 +56,12 @@ def condition_seeds(c, cond: str) -> list[int]:
 
 
 def plan(c) -> list[Cell]:
-  seeds = condition_seeds(c, "alone")
   if c.get("sweep"):
     sizes = list(c.sweep.samples)
     if not sizes or min(sizes) < 1:
       raise ValueError(f"sweep.samples must be positive sample counts, got {sizes}")
-    return [Cell("alone", ((c.sweep.language, int(n)),), s) for n in sizes for s in seeds]
+    return [Cell("alone", ((c.sweep.language, int(n)),), s) for n in sizes
+            for s in condition_seeds(c, "alone")]
   m = c.mixture
   if m.source == m.target:
     raise ValueError(f"mixture.source and mixture.target are the same language {m.source!r}")
@@ -143,6 +143,8 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
     enc = common.encode_examples(examples, task.tokenizer, task.seq_len)
     members.append(loop_lib.Member(cell.name, cell.seed, {"tokens": enc.tokens, "loss_mask": enc.loss_mask}))
   member_langs = [cell.languages for cell in cells]
+  # Tested: each member's parameters at its best validation score (accuracy can dip late).
+  best = ckpt_lib.BestParams(os.path.join(workdir, "best_params.npz"), len(members))
 
   def evaluate(params, ids):  # early-stopping score: mean over the member's languages
     langs = [member_langs[i] for i in ids]
@@ -150,9 +152,6 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
     scores = [np.mean([s[l][task.val[l].metric] for l in ls]) for s, ls in zip(scored, langs)]
     best.update(params, scores, ids)
     return scores
-
-  # Tested: each member's parameters at its best validation score (accuracy can dip late).
-  best = ckpt_lib.BestParams(os.path.join(workdir, "best_params.npz"), len(members))
 
   out = loop_lib.train_ensemble(c, cfg, members, evaluate, workdir, stop_after=stop_after,
                                 progress=progress)
@@ -177,8 +176,7 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   metric = next(iter(task.test.values())).metric
   results_lib.plot_curves(os.path.join(workdir, "curves.png"),
                           {m.name: h for m, h in zip(members, out["history"])}, f"held-out {metric}")
-  title = f"{c.name}: test {metric} (mean ± std over seeds; one value: one seed)"
-  table = results_lib.table(rows, metric, title, sweep=bool(c.get("sweep")))
+  table = results_lib.table(rows, metric, c.name, sweep=bool(c.get("sweep")))
   results_lib.atomic_write(os.path.join(workdir, "table.md"), table)
   summary = {"task_info": task.info, "vocab_size": cfg.vocab_size, "seq_len": task.seq_len,
              "params_per_model": model_lib.count_params(jax.tree.map(lambda x: x[0], params)),

@@ -50,8 +50,7 @@ def run(c, workdir: str, progress: bool = True) -> list[dict]:
     rows += experiment.run(sub, os.path.join(workdir, point["name"]), progress=progress)
   results_lib.write(workdir, rows)
   metric = rows[0]["metric"] if rows else ""
-  title = f"{c.name}: test {metric} (mean ± std over seeds)"
-  table = results_lib.table(rows, metric, title, sweep=bool(c.get("sweep")))
+  table = results_lib.table(rows, metric, c.name, sweep=bool(c.get("sweep")))
   results_lib.atomic_write(os.path.join(workdir, "table.md"), table)
   print(table)
   return rows

@@ -6,9 +6,8 @@ Parameters are a plain nested dict whose paths name the block and the module kin
   wte, wpe, ln_f, lm_head,
   block_{i}/{ln_1, attn/{qkv, proj}, ln_2, mlp/{fc, proj}}
 
-(`wpe` only with `pos_embedding="learned"`; RoPE has no position parameters.)
-
 so a parameter partition or a layer swap is a function of the path (`path_info`).
+(`wpe` exists only with `pos_embedding="learned"`; RoPE has no position parameters.)
 Every parameter carries logical axis names (`embed`, `heads`, `mlp`, `vocab`, ...); the
 config's sharding rules map them onto mesh axes (xlt.sharding).
 

@@ -87,8 +87,9 @@ def sweep_table(rows: list[dict], metric: str, title: str = "") -> str:
   return "\n".join(lines) + "\n"
 
 
-def table(rows: list[dict], metric: str, title: str, sweep: bool) -> str:
-  """The markdown table of an experiment: a sweep's or a transfer pair's shape."""
+def table(rows: list[dict], metric: str, name: str, sweep: bool) -> str:
+  """The markdown table of experiment (or grid) `name`: a sweep's or a transfer pair's shape."""
+  title = f"{name}: test {metric} (mean ± std over seeds; one value: one seed)"
   return sweep_table(rows, metric, title) if sweep else transfer_table(rows, metric, title)
 
 
