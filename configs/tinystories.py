@@ -7,7 +7,7 @@ English-only 3.94 (English ppl); Czech-only limited (10%) 28.67 ± 1.3; Czech-on
 mixed (10% Czech + English) 8.72 ± 1.2: +69.6% = (28.67 - 8.72) / 28.67. The full setup is
 configs/tinystories_reference.py.
 
-Proxy (see xlt/data/text.py's docstring, "Proxy corpora"): neither reference corpus is on this
+Proxy (see xlt/data/corpus.py's docstring, "Proxy corpora"): neither reference corpus is on this
 machine, so high = real TinyStories stories (English, lowercased) and low = Russian
 TinyStories-style stories. Russian is, like Czech, a Slavic language (rich inflection, free word
 order), same story domain; but it is written natively (not translated) and in Cyrillic, which
@@ -50,7 +50,7 @@ from ml_collections import config_dict
 
 
 def corpus(path=None, format="jsonl", field="text", language="", max_documents=0):
-  """`xlt.data.text.CorpusSpec` fields as plain config values (every one overridable)."""
+  """`xlt.data.corpus.CorpusSpec` fields as plain config values (every one overridable)."""
   return ml_collections.ConfigDict(dict(
       path=config_dict.placeholder(str) if path is None else path, format=format, field=field,
       separator="eot", eot_marker="<|endoftext|>", on_error="raise",

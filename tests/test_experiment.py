@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs import addition, addition_sweep, addition_table2
-from xlt import checkpoint, experiment, results
+from xlt import checkpoint, experiment, results, transfer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -59,13 +59,13 @@ def test_best_params_keeps_each_members_best_and_survives_a_restart(tmp_path):
 
 def test_seeds_per_condition_and_reduced_addition_configs():
   c = addition.get_config("cpu")
-  cells = experiment.plan(c)
+  cells = transfer.plan(c)
   assert [(cell.condition, cell.seed) for cell in cells] == [
       ("target_alone", 0), ("source_alone", 0), ("mixed", 0), ("mixed", 1)]
   assert dict(cells[2].samples) == {"standard": 11520 // 8, "letter": 1280 // 8}
   c.seeds_per_condition = {"mixed": 0}
   with pytest.raises(ValueError, match="needs >= 1 seed"):
-    experiment.plan(c)
+    transfer.plan(c)
   # the reduced grid keeps the reference's N/M ratios; a Roman pair gets a block that fits
   full, cpu = addition_table2.get_config(), addition_table2.get_config("cpu")
   for f, r in zip(full.grid, cpu.grid):
@@ -83,6 +83,46 @@ def test_make_row_validates():
   r = results.make_row(experiment="e", task="t", language="l", role="target", condition="alone",
                        metric="valid", samples=3, values=[0.5, 1.0])
   assert r["mean"] == 0.75 and r["std"] == pytest.approx(np.std([0.5, 1.0], ddof=1))
+
+
+def test_unknown_task_is_named_with_the_known_ones(graph_config, tmp_path):
+  graph_config.task = "chess"
+  with pytest.raises(ValueError, match="unknown task 'chess'; known: graph, addition, text, arithmetic"):
+    experiment.run(graph_config, str(tmp_path / "w"), progress=False)
+  assert not (tmp_path / "w").exists()  # refused before anything is written
+
+
+def test_modules_of_xlt_import_no_cycle():
+  # experiment.py dispatches by module name; runners share xlt/runner.py, never each other.
+  import ast
+  import pathlib
+
+  root = pathlib.Path(REPO)
+  graph = {}
+  for path in (root / "xlt").rglob("*.py"):
+    parts = path.relative_to(root).with_suffix("").parts
+    module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    graph[module] = [node for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, (ast.Import, ast.ImportFrom))]
+  for module, nodes in graph.items():  # `from p import x`: module p.x if there is one, else p
+    deps = {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
+    deps |= {f"{n.module}.{a.name}" if f"{n.module}.{a.name}" in graph else n.module
+             for n in nodes if isinstance(n, ast.ImportFrom) and n.module for a in n.names}
+    graph[module] = {d for d in deps if d in graph and d != module}
+
+  def on_a_cycle(module):  # depth-first search for a way back to `module`
+    stack, seen = list(graph[module]), set()
+    while stack:
+      m = stack.pop()
+      if m == module:
+        return True
+      if m not in seen:
+        seen.add(m)
+        stack.extend(graph[m])
+    return False
+
+  assert [m for m in graph if on_a_cycle(m)] == []
+  assert not graph["xlt.experiment"] & {"xlt.transfer", "xlt.text_transfer", "xlt.runner"}
 
 
 def _main(workdir, *extra):

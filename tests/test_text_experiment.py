@@ -12,7 +12,7 @@ from xlt import evaluate as eval_lib
 from xlt import lm
 from xlt import model as model_lib
 from xlt import sharding
-from xlt import text_experiment as te
+from xlt import text_transfer as tt
 from xlt.data import text
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -112,24 +112,6 @@ def test_sample_top_k_and_rng(params):
     lm.sample(CFG, params, prompt, max_new=CFG.block_size)
 
 
-# ------------------------------------------------------------------------------ row views
-
-
-def test_row_views_and_counts():
-  a, b = rows(n=3, t=9, seed=5), rows(n=4, t=9, seed=6)
-  a[2, 4:] = text.PAD_ID
-  view = te.RowConcat([a, b])
-  both = np.concatenate([a, b])
-  idx = np.asarray([6, 0, 2, 3, 2])
-  assert view.shape == (7, 9) and len(view) == 7
-  np.testing.assert_array_equal(view[idx], both[idx])
-  np.testing.assert_array_equal(te.LossMaskView(view)[idx],
-                                text.row_features(both[idx])["loss_mask"])
-  counts = te.packed_counts(both, chunk=2)
-  assert counts["targets"] == text.row_features(both)["loss_mask"].sum()
-  assert counts["documents"] == 1 + (both[:, 1:] == text.BOS_ID).sum()
-
-
 # ---------------------------------------------------------------------------- experiment
 
 EN = ("the cat", "a dog", "the girl", "a boy", "the bird", "mom")
@@ -179,17 +161,17 @@ def test_text_experiment_end_to_end(corpora, tmp_path):
   c = tiny_config(*corpora)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   workdir = str(tmp_path / "run")
-  rows = te.run(c, workdir, progress=False, mesh=mesh)
+  rows = tt.run(c, workdir, progress=False, mesh=mesh)
   saved = json.load(open(os.path.join(workdir, "results.json")))
   assert saved == json.loads(json.dumps(rows))
   # Run again on the finished workdir: restores the checkpoint and the best parameters
   # (best_params.npz), trains nothing and reports the same numbers.
-  again = te.run(c, workdir, progress=False, mesh=mesh)
+  again = tt.run(c, workdir, progress=False, mesh=mesh)
   values = lambda rs: [v for r in rs for v in r["values"]]
   assert values(again) == pytest.approx(values(rows), rel=1e-6)
-  assert {r["condition"] for r in rows} == set(te.CONDITIONS)
+  assert {r["condition"] for r in rows} == set(tt.CONDITIONS)
   assert {(r["language"], r["role"]) for r in rows} == {("en", "source"), ("ru", "target")}
-  assert {r["metric"] for r in rows} == set(te.METRICS)
+  assert {r["metric"] for r in rows} == set(tt.METRICS)
   for r in rows:
     assert all(np.isfinite(v) and v > 1 for v in r["values"]), r
   docs = {(r["condition"], r["language"]): r["samples"] for r in rows}
@@ -209,13 +191,13 @@ def test_missing_corpus_is_a_clear_error(corpora, tmp_path):
   c = tiny_config(*corpora)
   c.data.low.path = str(tmp_path / "nope.txt")
   with pytest.raises(FileNotFoundError, match=r"config\.data\.low\.path.*nope\.txt"):
-    te.run(c, str(tmp_path / "w"), progress=False)
+    tt.run(c, str(tmp_path / "w"), progress=False)
   c.data.low.path = None
   with pytest.raises(ValueError, match=r"--config\.data\.high\.path="):
-    te.corpus_specs(c)
+    tt.corpus_specs(c)
   c.data.shared_dir = str(tmp_path / "no_shared")
   with pytest.raises(FileNotFoundError, match=r"shared_dir.*--config\.data\.high\.path"):
-    te.corpus_specs(c)
+    tt.corpus_specs(c)
 
 
 def test_configs_load():
@@ -223,10 +205,10 @@ def test_configs_load():
   assert (ref.model.d_model, ref.model.num_layers, ref.tokenizer.vocab_size) == (768, 4, 30_000)
   assert ref.train.batch_size // ref.train.grad_accum == 80
   with pytest.raises(ValueError, match=r"config\.data\.high\.path is not set"):
-    te.corpus_specs(ref)
+    tt.corpus_specs(ref)
   proxy = load_config("tinystories")
   if not os.path.isdir(os.path.join(ROOT, "..", "shared", "data")):
     pytest.skip("../shared/data is not present")
-  specs = te.corpus_specs(proxy)
+  specs = tt.corpus_specs(proxy)
   assert (specs["high"].language, specs["low"].language) == ("en", "ru")
   assert all(os.path.isfile(s.path) for s in specs.values())

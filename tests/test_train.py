@@ -2,15 +2,15 @@ import jax
 import numpy as np
 import pytest
 
-from xlt import experiment, loop, model, sharding
+from xlt import loop, model, sharding, transfer
 from xlt import train as train_lib
 from xlt.data import common
 
 
 def _members(c, seeds=(0, 1)):
-  task = experiment.get_task(c)
+  task = transfer.get_task(c)
   enc = common.encode_examples(task.train[c.mixture.source], task.tokenizer, task.seq_len)
-  cfg = experiment.model_config(c, task)
+  cfg = transfer.model_config(c, task)
   arrays = {"tokens": enc.tokens, "loss_mask": enc.loss_mask}
   return cfg, [loop.Member(f"m{s}", s, arrays) for s in seeds]
 
@@ -82,11 +82,11 @@ def test_bad_configs_give_clear_errors(graph_config, tmp_path):
   c = graph_config
   c.mixture.target = "edge_klingon"
   with pytest.raises(ValueError, match="unknown graph language"):
-    experiment.get_task(c)
+    transfer.get_task(c)
   c.mixture.target = "edge_plain"
   c.mixture.target_samples = 10**6
   with pytest.raises(ValueError, match="distinct shortest paths"):
-    experiment.get_task(c)
+    transfer.get_task(c)
   with pytest.raises(ValueError, match="does not divide the 8 devices"):
     sharding.make_mesh({"data": 3, "fsdp": -1})
   with pytest.raises(ValueError, match="needs 4 devices"):
@@ -95,7 +95,7 @@ def test_bad_configs_give_clear_errors(graph_config, tmp_path):
     sharding.check_batch(12, sharding.make_mesh({"data": 8}))
   c.task = "chess"
   with pytest.raises(ValueError, match="unknown task"):
-    experiment.get_task(c)
+    transfer.get_task(c)
 
 
 def test_stopped_members_freeze_drop_out_and_resume_exactly(graph_config, tmp_path):

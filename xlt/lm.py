@@ -1,10 +1,10 @@
 """Language-model evaluation: perplexity of packed rows and sampling with a KV cache.
 
-`perplexity` scores packed rows (tokens [N, T], loss_mask [N, T-1], see xlt.data.text) with
+`perplexity` scores packed rows (tokens [N, T], loss_mask [N, T-1], see xlt.data.packing) with
 one model or an ensemble (params with a leading axis E), in batches of rows, and returns the
 summed target NLL, the number of scored targets and the per-token perplexity. Per-byte or
 per-character perplexity is exp(nll_sum / bytes) with the byte count of the scored documents
-(`xlt.data.text.text_stats`): the caller knows which documents the rows hold.
+(`xlt.data.corpus.text_stats`): the caller knows which documents the rows hold.
 
 `sample` continues prompts with temperature / top-k sampling (temperature 0 = greedy), one
 jitted function: a prefill of the prompt into the KV cache, then `lax.scan` over new tokens;

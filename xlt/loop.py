@@ -36,16 +36,47 @@ _put = jax.jit(lambda tree, idx, sub: jax.tree.map(lambda x, y: x.at[idx].set(y)
 
 @dataclasses.dataclass(frozen=True)
 class Member:
+  """One model of the ensemble and what it trains on.
+
+  A plain member has one training set and trains every parameter. A member trained by
+  partitions (xlt.partition) gives, per phase, a training set and which partition cells the
+  phase updates (`trainable`, flags over the ensemble's cells); phases take turns,
+  `steps_per_phase` steps each (simultaneous partition training), or there is one phase
+  (a frozen partition).
+  """
+
   name: str  # e.g. "mixed/seed_1": the run name in logs
   seed: int  # initialisation and data order
-  train: dict  # {"tokens": [N, T], "loss_mask": [N, T-1]}
+  train: dict | tuple[dict, ...]  # {"tokens": [N, T], "loss_mask": [N, T-1]}, or one per phase
+  trainable: tuple[tuple[bool, ...], ...] | None = None  # per phase: flags over partition cells
+  steps_per_phase: int = 1
+
+  @property
+  def phases(self) -> tuple[dict, ...]:
+    return (self.train,) if isinstance(self.train, dict) else tuple(self.train)
+
+
+def member_streams(members: Sequence[Member], batch_size: int):
+  """Each member's grain stream. When any member trains by partitions, every batch carries
+  `trainable` flags (all on for the plain members), which the gated optimizer reads."""
+  cells = {len(f) for m in members if m.trainable is not None for f in m.trainable}
+  if len(cells) > 1:
+    raise ValueError(f"members disagree on the number of partition cells: {sorted(cells)}")
+  streams = []
+  for m in members:
+    flags = m.trainable
+    if flags is None and cells:
+      flags = [[True] * next(iter(cells))] * len(m.phases)
+    streams.append(pipeline.phased_batches(m.phases, flags, batch_size, m.seed, m.steps_per_phase))
+  return streams
 
 
 def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
                    evaluate: Callable[[object, np.ndarray], Sequence[float]] | None, workdir: str, *,
                    tx: optax.GradientTransformation | None = None, mesh=None,
-                   stop_after: int | None = None, progress: bool = True):
-  """Trains the members together. `evaluate(params, member_ids)` returns one held-out
+                   stop_after: int | None = None, progress: bool = True, init_params=None):
+  """Trains the members together, from random initialisations or from `init_params`
+  (stacked [E, ...], one model per member: fine-tuning). `evaluate(params, member_ids)` returns one held-out
   score (higher is better) for each of the given members, whose stacked params it gets.
   `stop_after` ends the call early (as a crash would) without finishing the run: a later
   call resumes from the last checkpoint.
@@ -67,24 +98,31 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
   def abstract_state(n):
     return jax.eval_shape(lambda: train_lib.init_state(model_cfg, tx, seeds[:n]))
 
+  if init_params is not None:
+    want = jax.tree.map(lambda x: x.shape, abstract_state(len(members))["params"])
+    if jax.tree.map(lambda x: x.shape, init_params) != want:
+      raise ValueError("init_params do not match the model config (one model per member, stacked)")
+
   @functools.lru_cache(maxsize=None)
   def step_for(n):  # one compiled step per ensemble size: stopped members drop out
-    return train_lib.make_step(model_cfg, tx, mesh, rules, abstract_state(n), accum)[:2]
+    return train_lib.make_step(model_cfg, tx, mesh, rules, abstract_state(n), accum, gated)[:2]
 
+  gated = any(m.trainable is not None for m in members)
   _, state_sh = step_for(len(members))
-  data = pipeline.ensemble_batches([m.train for m in members], t.batch_size, seeds)
+  data = pipeline.stack(member_streams(members, t.batch_size))
   mngr = ckpt_lib.manager(os.path.join(workdir, "ckpt"))
   restored = ckpt_lib.restore(mngr, ckpt_lib.abstract(abstract_state(len(members)), state_sh), data)
   if restored is None:
     with jax.set_mesh(mesh):
-      state = jax.jit(lambda: train_lib.init_state(model_cfg, tx, seeds), out_shardings=state_sh)()
+      state = jax.jit(lambda p: train_lib.init_state(model_cfg, tx, seeds, p),
+                      out_shardings=state_sh)(init_params)
     loop = {"step": 0, "best": [-np.inf] * len(members), "since_best": [0] * len(members),
             "history": [[] for _ in members], "stopped_at": [None] * len(members)}
   else:
     state, loop = restored
   writer = metrics_lib.Writer(workdir, [m.name for m in members])
   schedule = train_lib.make_schedule(c.opt)
-  seq = members[0].train["tokens"].shape[1] - 1
+  seq = members[0].phases[0]["tokens"].shape[1] - 1
 
   # `state` holds every member (for checkpoints and the result); `live` the indices of
   # the members still training and `sub` a copy of their state, which the compiled step

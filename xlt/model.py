@@ -18,11 +18,12 @@ width, H heads, K head width, V vocabulary, F MLP width.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from xlt.merge import naming
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,21 +210,7 @@ def count_params(params) -> int:
   return sum(x.size for x in jax.tree.leaves(params))
 
 
-_BLOCK = re.compile(r"block_(\d+)$")
-
-
-def path_info(path) -> tuple[int | None, str]:
-  """(block index or None, module kind) of a parameter path, e.g. a key path from
-  `jax.tree_util.tree_flatten_with_path` or a tuple of names.
-
-  kinds: embedding (wte, wpe), attn, mlp, norm (ln_*), head (ln_f, lm_head).
-  """
-  names = [getattr(p, "key", p) for p in path]
-  block = next((int(m.group(1)) for n in names if (m := _BLOCK.match(str(n)))), None)
-  top = str(names[0])
-  if top in ("wte", "wpe"):
-    return None, "embedding"
-  if top in ("ln_f", "lm_head"):
-    return None, "head"
-  kind = next((str(n) for n in names[1:] if str(n) in ("attn", "mlp")), "norm")
-  return block, kind
+# (block index or None, module kind) of a parameter path (a jax key path or a tuple of
+# names): kinds embedding (wte, wpe), attn, mlp, norm (ln_1, ln_2), head (ln_f, lm_head). The
+# rule lives with the merge library, which must read xlt's paths without importing the model.
+path_info = naming.xlt_block_kind

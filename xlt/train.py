@@ -21,6 +21,7 @@ import optax
 
 from xlt import model as model_lib
 from xlt import sharding
+from xlt.merge.naming import path_names
 
 State = dict  # {"step": int32[E], "params": tree, "opt_state": tree, "active": bool[E]}
 
@@ -89,23 +90,28 @@ def _grads(cfg, params, batch, accum: int):
 
 def train_step(state: State, batch, *, cfg, tx, accum: int = 1):
   """One model's step. (Members that stopped early never reach it: the loop drops them
-  from the ensemble, and `active` only records which ones still train.)"""
+  from the ensemble, and `active` only records which ones still train.) A batch with
+  `trainable` flags (partition training) passes them to the gated optimizer."""
+  extra = {"trainable": batch["trainable"]} if "trainable" in batch else {}
+  batch = {k: batch[k] for k in ("tokens", "loss_mask")}
   loss, grads = _grads(cfg, state["params"], batch, accum)
-  updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+  updates, opt_state = tx.update(grads, state["opt_state"], state["params"], **extra)
   new = {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
          "opt_state": opt_state, "active": state["active"]}
   return new, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
 
-def init_state(cfg: model_lib.Config, tx, seeds) -> State:
-  """Stacked train state for one model per seed."""
+def init_state(cfg: model_lib.Config, tx, seeds, params=None) -> State:
+  """Stacked train state for one model per seed, initialised at random or, when `params`
+  (stacked [E, ...]) are given, from them (fine-tuning)."""
 
-  def one(seed):
-    params = model_lib.init_params(cfg, jax.random.key(seed))
+  def one(seed, params):
+    if params is None:
+      params = model_lib.init_params(cfg, jax.random.key(seed))
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
             "active": jnp.ones((), bool)}
 
-  return jax.vmap(one)(jnp.asarray(seeds, jnp.uint32))
+  return jax.vmap(one)(jnp.asarray(seeds, jnp.uint32), params)
 
 
 def state_shardings(cfg: model_lib.Config, tx, mesh, rules, abstract_state):
@@ -113,20 +119,33 @@ def state_shardings(cfg: model_lib.Config, tx, mesh, rules, abstract_state):
   parameter's sharding, everything else is replicated."""
   param_sh = sharding.param_shardings(model_lib.logical_axes(cfg), mesh, rules)
   sharding.check_divisible(abstract_state["params"], param_sh)
-  params_struct = jax.tree.structure(abstract_state["params"])
   rep = sharding.replicated(mesh)
-  # optax states hold parameter-shaped subtrees (Adam's mu and nu): those follow the
-  # parameters' sharding; counts and other leaves are replicated.
-  like_params = lambda x: jax.tree.structure(x) == params_struct
-  opt_sh = jax.tree.map(lambda x: param_sh if like_params(x) else rep,
-                        abstract_state["opt_state"], is_leaf=like_params)
+  # optax states hold parameter-shaped copies (Adam's mu and nu, also inside the masked
+  # states of a partitioned optimizer) whose key path ends with the parameter's path: those
+  # follow the parameter's sharding; counts and other leaves are replicated.
+  by_path = {path_names(p): (x.shape, sh) for (p, x), sh in zip(
+      jax.tree_util.tree_flatten_with_path(abstract_state["params"])[0], jax.tree.leaves(param_sh))}
+
+  def opt_leaf(path, x):
+    names = path_names(path)
+    for k in range(len(names)):
+      shape, sh = by_path.get(names[k:], (None, None))
+      if shape == x.shape:
+        return sh
+    return rep
+
+  opt_sh = jax.tree_util.tree_map_with_path(opt_leaf, abstract_state["opt_state"])
   return {"step": rep, "params": param_sh, "opt_state": opt_sh, "active": rep}
 
 
-def make_step(cfg: model_lib.Config, tx, mesh, rules, abstract_state, accum: int = 1):
+
+def make_step(cfg: model_lib.Config, tx, mesh, rules, abstract_state, accum: int = 1,
+              gated: bool = False):
   """The jitted ensemble step with explicit in/out shardings; the state is donated."""
   st_sh = state_shardings(cfg, tx, mesh, rules, abstract_state)
   b_sh = {"tokens": sharding.batch_sharding(mesh, 3), "loss_mask": sharding.batch_sharding(mesh, 3)}
+  if gated:  # partition training: [E, cells] flags per step
+    b_sh["trainable"] = sharding.replicated(mesh)
   step = jax.vmap(functools.partial(train_step, cfg=cfg, tx=tx, accum=accum))
   rep = sharding.replicated(mesh)
   return jax.jit(step, in_shardings=(st_sh, b_sh), out_shardings=(st_sh, rep),

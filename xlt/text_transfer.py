@@ -9,11 +9,13 @@ Four conditions (`c.conditions`), each trained for `c.num_seeds` seeds (or
   low_full     all low-resource train documents                  (Czech only, full)
   mixed        limited low-resource + all high-resource          (mixed)
 
-Data (`xlt.data.text`): one sentencepiece BPE over both languages' train splits, cached in the
+Data (`get_task`; corpora and splits `xlt.data.corpus`, tokenizer `xlt.data.text`, rows
+`xlt.data.packing`): one sentencepiece BPE over both languages' train splits, cached in the
 workdir; each split packed once to workdir/packed/*.npy (rows of block_size + 1 tokens) and
 memory-mapped, so the full corpora never sit in memory; the loss mask is derived from the tokens
-when a batch is read (`LossMaskView`), and the mixed set is a view over two arrays (`RowConcat`).
-A mixed batch draws rows uniformly from the union, so the mix follows the sizes (~1:10).
+when a batch is read (`packing.LossMaskView`), and the mixed set is a view over two arrays
+(`packing.RowConcat`). A mixed batch draws rows uniformly from the union, so the mix follows the
+sizes (~1:10).
 
 Budget. The conditions see very different amounts of data; every member gets the SAME step
 budget (`c.train.steps` batches of `c.train.batch_size` rows) and stops early on its own
@@ -26,21 +28,24 @@ validation score, so a small training set is not penalised for overfitting past 
   documents are in no training set (and, for a translated pair in the same order, neither is
   their translation), and the early-stopping number is never reported as a test number.
 A member stops `c.train.patience` evaluations after its best; the parameters tested are those
-of its best validation score (`BestParams`, saved in the workdir so a resumed run agrees).
+of its best validation score (`runner.train_and_select`, saved in the workdir so a resumed run
+agrees). Run again on a finished workdir, it trains nothing and tests again (the synthetic runner
+reuses its results instead).
 
 Results. Every member is scored on both languages' test rows: ppl_token = exp(NLL / scored
 targets) (shared tokenizer, so comparable across conditions), ppl_char and ppl_byte =
 exp(NLL / characters or UTF-8 bytes of the test documents) (comparable across tokenizers; use
 characters across languages). Rows (`results.make_row`): language, role "target" (low) or
 "source" (high), condition, metric, values per seed, samples = training documents of that
-language in the condition. Writes results.json/.csv, table.md (Table 4's shape, with the
-relative improvement of mixed over limited, (limited - mixed) / limited), curves.png (validation
-perplexity), train_loss.png, samples.txt (sampled continuations of test-document prompts) and
-summary.json.
+language in the condition. Writes table.md (Table 4's shape, with the relative improvement of
+mixed over limited, (limited - mixed) / limited), curves.png (validation perplexity),
+train_loss.png, samples.txt (sampled continuations of test-document prompts), summary.json and,
+last (`runner.write_outputs`), results.json/.csv.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -48,80 +53,21 @@ import time
 
 import jax
 import numpy as np
+import sentencepiece as spm
 
-from xlt import checkpoint as ckpt_lib
-from xlt import experiment
 from xlt import lm
 from xlt import loop as loop_lib
 from xlt import model as model_lib
 from xlt import results as results_lib
+from xlt import runner
+from xlt.data import corpus
+from xlt.data import packing
 from xlt.data import text
 
 CONDITIONS = ("high_only", "low_limited", "low_full", "mixed")
 ROLES = ("high", "low")
 METRICS = ("ppl_token", "ppl_char", "ppl_byte")
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# ----------------------------------------------------------------------------- row views
-
-
-class RowConcat:
-  """Read-only view of several [N_i, T] row arrays (e.g. memmaps) as one [sum N_i, T] array.
-
-  Supports what the input pipeline needs: len, shape, and indexing by an int array.
-  """
-
-  def __init__(self, arrays):
-    self.arrays = list(arrays)
-    if len({a.shape[1:] for a in self.arrays}) != 1:
-      raise ValueError(f"rows of different widths: {[a.shape for a in self.arrays]}")
-    self.offsets = np.cumsum([0] + [len(a) for a in self.arrays])
-    self.shape = (int(self.offsets[-1]),) + tuple(self.arrays[0].shape[1:])
-    self.dtype = self.arrays[0].dtype
-
-  def __len__(self):
-    return self.shape[0]
-
-  def __getitem__(self, idx):
-    idx = np.arange(len(self))[idx] if isinstance(idx, slice) else np.asarray(idx)
-    flat = idx.reshape(-1)
-    if flat.size and (flat.min() < 0 or flat.max() >= len(self)):
-      raise IndexError(f"row index out of range [0, {len(self)})")
-    source = np.searchsorted(self.offsets, flat, side="right") - 1
-    out = np.empty((len(flat),) + self.shape[1:], self.dtype)
-    for s in np.unique(source):
-      sel = source == s
-      local = flat[sel] - self.offsets[s]
-      order = np.argsort(local)  # sorted reads are kinder to a memmap
-      out[np.flatnonzero(sel)[order]] = self.arrays[s][local[order]]
-    return out.reshape(idx.shape + self.shape[1:])
-
-
-class LossMaskView:
-  """loss_mask [N, T-1] of packed token rows, computed from the rows when indexed."""
-
-  def __init__(self, tokens):
-    self.tokens = tokens
-    self.shape = (len(tokens), tokens.shape[1] - 1)
-    self.dtype = np.dtype(np.float32)
-
-  def __len__(self):
-    return self.shape[0]
-
-  def __getitem__(self, idx):
-    return text.row_features(np.asarray(self.tokens[idx]))["loss_mask"]
-
-
-def packed_counts(tokens, chunk: int = 65536) -> dict[str, int]:
-  """{"documents", "targets"} of packed rows: documents started (bos) and scored targets."""
-  docs = targets = 0
-  for start in range(0, len(tokens), chunk):
-    rows = np.asarray(tokens[start:start + chunk])
-    # Consecutive rows share one token: count position 0 of the very first row only.
-    docs += int((rows[:, 1:] == text.BOS_ID).sum()) + int(start == 0 and rows[0, 0] == text.BOS_ID)
-    targets += int(text.row_features(rows)["loss_mask"].sum())
-  return {"documents": docs, "targets": targets}
-
 
 # ---------------------------------------------------------------------------------- data
 
@@ -140,11 +86,11 @@ def _resolve_shared_dir(shared_dir: str) -> str:
       f"with --config.data.high.path=... --config.data.low.path=...")
 
 
-def corpus_specs(c) -> dict[str, text.CorpusSpec]:
+def corpus_specs(c) -> dict[str, corpus.CorpusSpec]:
   """{"high": spec, "low": spec} from `c.data.{high,low}` (CorpusSpec fields).
 
   A spec whose path is unset takes the proxy file of its role under `c.data.shared_dir`
-  (`text.proxy_corpora`); every other field stays as the config says. A missing file or an
+  (`corpus.proxy_corpora`); every other field stays as the config says. A missing file or an
   unset path without a shared_dir is a FileNotFoundError / ValueError that names the flag.
   """
   shared = c.data.get("shared_dir")
@@ -157,11 +103,11 @@ def corpus_specs(c) -> dict[str, text.CorpusSpec]:
             f"config.data.{role}.path is not set: point it at the {role}-resource corpus, e.g. "
             f"--config.data.high.path=/data/tinystories_en.txt "
             f"--config.data.low.path=/data/tinystories_cs.txt")
-      proxy = text.proxy_corpora(_resolve_shared_dir(shared))
+      proxy = corpus.proxy_corpora(_resolve_shared_dir(shared))
       fields["path"] = proxy[f"{role}_resource"].path
-    spec = text.CorpusSpec(**fields)
+    spec = corpus.CorpusSpec(**fields)
     try:
-      text.corpus_files(spec)
+      corpus.corpus_files(spec)
     except FileNotFoundError as e:
       raise FileNotFoundError(f"config.data.{role}.path: {e}. Set --config.data.{role}.path= to "
                               f"an existing file or glob") from None
@@ -169,8 +115,8 @@ def corpus_specs(c) -> dict[str, text.CorpusSpec]:
   return specs
 
 
-def split_spec(c) -> text.SplitSpec:
-  return text.SplitSpec(**c.data.split.to_dict())
+def split_spec(c) -> corpus.SplitSpec:
+  return corpus.SplitSpec(**c.data.split.to_dict())
 
 
 def language(specs, role: str) -> str:
@@ -180,19 +126,19 @@ def language(specs, role: str) -> str:
 def held_out_rows(spec, split, sp, block_size, num_val: int, max_test: int):
   """Validation and test rows ({"tokens", "loss_mask"}) and test TextStats, from the held-out
   documents: the first num_val are validation, the next max_test (0 = all) test."""
-  docs = text.iter_split(text.iter_documents(spec), "held_out", split)
-  val_docs = text.take_documents(docs, num_val)
-  test_docs = text.take_documents(docs, max_test) if max_test else list(docs)
+  docs = corpus.iter_split(corpus.iter_documents(spec), "held_out", split)
+  val_docs = corpus.take_documents(docs, num_val)
+  test_docs = corpus.take_documents(docs, max_test) if max_test else list(docs)
   if len(val_docs) < num_val or not test_docs:
     raise ValueError(f"{spec.path}: {len(val_docs) + len(test_docs)} held-out documents, need more "
                      f"than data.num_val_documents={num_val}; raise data.split.held_out_fraction")
   out = {}
   for name, d in (("val", val_docs), ("test", test_docs)):
-    rows = text.packed_arrays(text.pack_documents(
+    rows = packing.packed_arrays(packing.pack_documents(
         text.encode_documents(sp, d), block_size=block_size, bos_id=sp.bos_id(),
         eos_id=sp.eos_id(), pad_id=sp.pad_id()))
     out[name] = {"tokens": rows["tokens"], "loss_mask": rows["loss_mask"]}
-  stats = text.text_stats(test_docs, sp)
+  stats = corpus.text_stats(test_docs, sp)
   scored = int(out["test"]["loss_mask"].sum())
   assert scored == stats.tokens + stats.documents, (scored, stats)
   return out["val"], out["test"], stats
@@ -307,44 +253,57 @@ def _train_loss_curves(workdir: str) -> dict[str, list[tuple[int, float]]]:
   return {k: sorted(v.items()) for k, v in curves.items()}
 
 
-# ----------------------------------------------------------------------------------- run
+# ---------------------------------------------------------------------------------- task
 
 
-def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None,
-        mesh=None) -> list[dict]:
-  """Runs the Table 4 experiment `c` describes; returns its results rows (empty if stopped
-  early by `stop_after`; a later call resumes from the workdir's checkpoint)."""
-  t0 = time.time()
-  os.makedirs(workdir, exist_ok=True)
-  specs = corpus_specs(c)
-  split = split_spec(c)
+def plan(c) -> list[tuple[str, int]]:
+  """The cells of the ensemble: (condition, seed) for every condition and its seeds."""
   conditions = list(c.conditions)
   for cond in conditions:
     condition_parts(cond)
-  block = int(c.model.block_size)
+  return [(cond, seed) for cond in conditions for seed in runner.condition_seeds(c, cond)]
 
+
+@dataclasses.dataclass(frozen=True)
+class TextTask:
+  """The data of a Table 4 run, built once for all its conditions (`get_task`)."""
+
+  specs: dict[str, corpus.CorpusSpec]  # per role
+  split: corpus.SplitSpec
+  sp: spm.SentencePieceProcessor
+  packed: dict[tuple[str, str], np.ndarray]  # (role, split) -> memory-mapped token rows
+  counts: dict[tuple[str, str], dict[str, int]]  # (role, split) -> packing.packed_counts
+  composition: dict[str, dict]  # condition -> documents, tokens and shares of each language
+  val: dict[str, dict[str, np.ndarray]]  # role -> {"tokens", "loss_mask"}
+  test: dict[str, dict[str, np.ndarray]]  # role -> {"tokens", "loss_mask"}
+  test_stats: dict[str, corpus.TextStats]  # role -> sizes of the test documents
+  test_docs: dict[str, list[str]]  # role -> the test documents that sample prompts come from
+
+
+def get_task(c, workdir: str, conditions: list[str]) -> TextTask:
+  """Reads the corpora, trains (or loads) the tokenizer, packs the training splits the
+  `conditions` need into workdir/packed/ and the held-out documents into validation and test
+  rows."""
+  specs = corpus_specs(c)
+  split = split_spec(c)
+  block = int(c.model.block_size)
   sp = text.train_or_load_tokenizer(
       workdir, [specs["high"], specs["low"]], vocab_size=c.tokenizer.vocab_size, split=split,
       max_sentences_per_language=c.tokenizer.max_sentences_per_language)
-  cfg = model_lib.config_from(c.model.to_dict(), sp.get_piece_size())
 
   needed = {p for cond in conditions for p in condition_parts(cond)}
   packed, counts = {}, {}
   for role, split_name in sorted(needed):
-    path = text.pack_split_to_npy(workdir, specs[role], split_name, split, sp, block_size=block)
-    packed[role, split_name] = text.open_packed_tokens(path)
-    counts[role, split_name] = packed_counts(packed[role, split_name])
+    path = packing.pack_split_to_npy(workdir, specs[role], split_name, split, sp, block_size=block)
+    packed[role, split_name] = packing.open_packed_tokens(path)
+    counts[role, split_name] = packing.packed_counts(packed[role, split_name])
   val, test, test_stats, test_docs = {}, {}, {}, {}
   for role in ROLES:
     val[role], test[role], test_stats[role] = held_out_rows(
         specs[role], split, sp, block, c.data.num_val_documents, c.data.max_test_documents)
-    docs = text.iter_split(text.iter_documents(specs[role]), "held_out", split)
-    test_docs[role] = text.take_documents(docs, c.data.num_val_documents + c.samples.num_prompts)[
-        c.data.num_val_documents:]
-  logging.info("text: vocab %d; train rows %s; test docs %s", cfg.vocab_size,
-               {f"{r}/{s}": len(a) for (r, s), a in packed.items()},
-               {r: s.documents for r, s in test_stats.items()})
-
+    docs = corpus.iter_split(corpus.iter_documents(specs[role]), "held_out", split)
+    test_docs[role] = corpus.take_documents(
+        docs, c.data.num_val_documents + c.samples.num_prompts)[c.data.num_val_documents:]
   composition = {}
   for cond in conditions:
     parts = condition_parts(cond)
@@ -357,42 +316,62 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
                          split.limited_fraction if ("low", "limited") in parts else 0.0),
         "high_fraction": 1.0 if ("high", "train") in parts else 0.0,
         "low_token_share": toks["low"] / max(1, toks["low"] + toks["high"])}
+  return TextTask(specs, split, sp, packed, counts, composition, val, test, test_stats, test_docs)
 
-  cells = [(cond, seed) for cond in conditions for seed in experiment.condition_seeds(c, cond)]
+
+def model_config(c, task: TextTask) -> model_lib.Config:
+  return model_lib.config_from(c.model.to_dict(), task.sp.get_piece_size())
+
+
+# ----------------------------------------------------------------------------------- run
+
+
+def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None,
+        mesh=None) -> list[dict]:
+  """Runs the Table 4 experiment `c` describes; returns its results rows (empty if stopped
+  early by `stop_after`; a later call resumes from the workdir's checkpoint)."""
+  t0 = time.time()
+  os.makedirs(workdir, exist_ok=True)
+  cells = plan(c)
+  conditions = list(c.conditions)
+  task = get_task(c, workdir, conditions)
+  cfg = model_config(c, task)
+  specs = task.specs
+  logging.info("text: vocab %d; train rows %s; test docs %s", cfg.vocab_size,
+               {f"{r}/{s}": len(a) for (r, s), a in task.packed.items()},
+               {r: s.documents for r, s in task.test_stats.items()})
+
   members = []
   for cond, seed in cells:
-    arrays = [packed[p] for p in condition_parts(cond)]
-    rows = arrays[0] if len(arrays) == 1 else RowConcat(arrays)
+    arrays = [task.packed[p] for p in condition_parts(cond)]
+    rows = arrays[0] if len(arrays) == 1 else packing.RowConcat(arrays)
     members.append(loop_lib.Member(f"{cond}/seed_{seed}", seed,
-                                   {"tokens": rows, "loss_mask": LossMaskView(rows)}))
+                                   {"tokens": rows, "loss_mask": packing.LossMaskView(rows)}))
   targets = ["high" if cond == "high_only" else "low" for cond, _ in cells]
   eval_batch = int(c.eval.batch_size)
-  best = ckpt_lib.BestParams(os.path.join(workdir, "best_params.npz"), len(members))
 
-  def evaluate(params, ids):  # early stopping: -(validation NLL per token), target language
+  def val_score(params, ids):  # early stopping: -(validation NLL per token), target language
     scores = np.zeros(len(ids))
     for role in ROLES:
       idx = np.asarray([j for j, i in enumerate(ids) if targets[i] == role])
       if idx.size:
-        r = lm.perplexity(cfg, params, val[role]["tokens"], val[role]["loss_mask"], eval_batch,
-                          ensemble=True, members=None if idx.size == len(ids) else idx)
+        r = lm.perplexity(cfg, params, task.val[role]["tokens"], task.val[role]["loss_mask"],
+                          eval_batch, ensemble=True,
+                          members=None if idx.size == len(ids) else idx)
         scores[idx] = -r["nll_sum"] / r["tokens"]
-    best.update(params, scores, ids)
     return scores
 
-  out = loop_lib.train_ensemble(c, cfg, members, evaluate, workdir, stop_after=stop_after,
-                                progress=progress, mesh=mesh)
-  if not out["finished"]:
+  params, out = runner.train_and_select(c, cfg, members, val_score, workdir,
+                                        stop_after=stop_after, progress=progress, mesh=mesh)
+  if params is None:
     return []
-  params = best.params(out["state"]["params"])
-  best_steps = loop_lib.best_steps(out["history"], out["stopped_at"])
 
   rows = []
   scored = {}
   for role in ROLES:
-    r = lm.perplexity(cfg, params, test[role]["tokens"], test[role]["loss_mask"], eval_batch,
-                      ensemble=True)
-    st = test_stats[role]
+    r = lm.perplexity(cfg, params, task.test[role]["tokens"], task.test[role]["loss_mask"],
+                      eval_batch, ensemble=True)
+    st = task.test_stats[role]
     scored[role] = {"ppl_token": r["ppl_token"], "ppl_char": np.exp(r["nll_sum"] / st.chars),
                     "ppl_byte": np.exp(r["nll_sum"] / st.bytes)}
   for cond in conditions:
@@ -403,21 +382,19 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
             experiment=c.name, task="text", language=language(specs, role),
             role="target" if role == "low" else "source", condition=cond, metric=metric,
             values=[scored[role][metric][i] for i in idx],
-            samples=composition[cond][f"{role}_documents"],
-            train_tokens=composition[cond][f"{role}_tokens"],
-            test_documents=test_stats[role].documents,
-            test_tokens=test_stats[role].tokens + test_stats[role].documents,
-            best_steps=[best_steps[i] for i in idx],
+            samples=task.composition[cond][f"{role}_documents"],
+            train_tokens=task.composition[cond][f"{role}_tokens"],
+            test_documents=task.test_stats[role].documents,
+            test_tokens=task.test_stats[role].tokens + task.test_stats[role].documents,
+            best_steps=[out["best_steps"][i] for i in idx],
             steps=[out["stopped_at"][i] for i in idx]))
-  results_lib.write(workdir, rows)
 
-  seeds = sorted({len(experiment.condition_seeds(c, cond)) for cond in conditions})
+  seeds = sorted({len(runner.condition_seeds(c, cond)) for cond in conditions})
   title = (f"{c.name}: {language(specs, 'high')} (high) + {language(specs, 'low')} (low), "
            f"test perplexity (mean ± std over {'/'.join(map(str, seeds))} seed(s))")
-  table = table_markdown(rows, specs, composition, title)
+  table = table_markdown(rows, specs, task.composition, title)
   if c.get("reference"):
     table += f"\nReference: {c.reference}\n"
-  results_lib.atomic_write(os.path.join(workdir, "table.md"), table)
   results_lib.plot_curves(
       os.path.join(workdir, "curves.png"),
       {m.name: [(s, float(np.exp(-v))) for s, v in h] for m, h in zip(members, out["history"])},
@@ -427,22 +404,23 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
 
   first = [idx[0] for cond in conditions
            for idx in [[i for i, (cd, _) in enumerate(cells) if cd == cond]]]
-  write_samples(os.path.join(workdir, "samples.txt"), c, cfg, params, sp,
-                [members[i].name for i in first], first, _prompts(c, sp, test_docs), specs)
+  write_samples(os.path.join(workdir, "samples.txt"), c, cfg, params, task.sp,
+                [members[i].name for i in first], first, _prompts(c, task.sp, task.test_docs),
+                specs)
 
   summary = {
       "languages": {role: language(specs, role) for role in ROLES},
       "corpora": {role: specs[role].path for role in ROLES},
-      "vocab_size": cfg.vocab_size, "block_size": block,
+      "vocab_size": cfg.vocab_size, "block_size": int(c.model.block_size),
       "params_per_model": sum(x.size // x.shape[0] for x in jax.tree.leaves(params)),
       "members": len(members), "steps": out["step"],
       "stopped_at": {m.name: s for m, s in zip(members, out["stopped_at"])},
-      "best_step": {m.name: s for m, s in zip(members, best_steps)},
-      "train_rows": {f"{r}/{s}": len(a) for (r, s), a in packed.items()},
-      "train_counts": {f"{r}/{s}": v for (r, s), v in counts.items()},
-      "composition": composition,
-      "val_rows": {role: len(val[role]["tokens"]) for role in ROLES},
-      "test": {role: vars(test_stats[role]) for role in ROLES},
+      "best_step": {m.name: s for m, s in zip(members, out["best_steps"])},
+      "train_rows": {f"{r}/{s}": len(a) for (r, s), a in task.packed.items()},
+      "train_counts": {f"{r}/{s}": v for (r, s), v in task.counts.items()},
+      "composition": task.composition,
+      "val_rows": {role: len(task.val[role]["tokens"]) for role in ROLES},
+      "test": {role: vars(task.test_stats[role]) for role in ROLES},
       "train_tokens_per_s": out["tokens_per_s"], "wall_s": time.time() - t0}
   path = os.path.join(workdir, "summary.json")
   if os.path.isfile(path) and not np.isfinite(out["tokens_per_s"]):  # a finished run, re-tested:
@@ -452,7 +430,7 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
     summary["train_wall_s"] = previous.get("train_wall_s", previous.get("wall_s"))
   else:
     summary["train_wall_s"] = summary["wall_s"]
-  results_lib.atomic_write(path, json.dumps(summary, indent=1, default=float))
+  runner.write_outputs(workdir, rows, table, summary)
   print(table)
   print(json.dumps({k: summary[k] for k in ("params_per_model", "members", "steps", "stopped_at",
                                             "best_step", "train_tokens_per_s", "wall_s",

@@ -1,0 +1,121 @@
+"""The merge testbed end to end on a tiny config, its compositions, and its config checks."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from configs import merge as merge_config
+from xlt import experiment, model, partition, testbed
+from xlt.data import arithmetic
+
+
+@pytest.fixture
+def tiny():
+  c = merge_config.get_config()
+  c.num_seeds = 2
+  c.arithmetic.min_digits = c.arithmetic.max_digits = 2
+  c.arithmetic.num_test, c.arithmetic.num_val = 16, 8
+  ops = merge_config.OTHER_OPS
+  c.data.base = merge_config.parts(ops, "standard", 40, 20) + merge_config.parts(ops, "letter", 20, 10)
+  c.data.task = (("add_digit", "standard", 40),)
+  c.data.language = merge_config.parts(ops, "letter", 40, 20)
+  c.data.source_language = merge_config.parts(ops, "standard", 40, 20)
+  c.model.num_layers, c.model.d_model, c.model.num_heads = 4, 16, 2
+  c.partition.bottom = c.partition.top = 1
+  for stage in (c.base, c.finetune):
+    stage.train.steps, stage.train.eval_every, stage.train.batch_size = 6, 3, 8
+    stage.train.checkpoint_every, stage.train.min_steps = 3, 0
+  c.merge.swaps = ("1,1,0", "1,1,1")
+  c.eval.batch_size = 16
+  c.mesh.devices = 1
+  return c
+
+
+def test_testbed_writes_every_method_and_resumes(tiny, tmp_path):
+  assert experiment.run(tiny, str(tmp_path), progress=False, stop_after=3) == []  # killed in stage 1
+  rows = experiment.run(tiny, str(tmp_path), progress=False)
+  methods = list(dict.fromkeys(r["condition"] for r in rows))
+  assert methods[:5] == ["base", "task expert", "language expert", "source-language expert", "data mixing"]
+  for want in ("freeze-then-train [A]", "train-then-revert [C_inv]", "simultaneous [C] k=10",
+               "layer swap b=1 u=1 t=1", "soup (magnitude)", "task arithmetic λ=1.0", "TIES density=0.2",
+               "DARE drop=0.5", "MAET", "task expert, language partition reverted [A]"):
+    assert want in methods, want
+  for m in methods:
+    got = {(r["role"], r["metric"]) for r in rows if r["condition"] == m}
+    assert got == {("goal", "exact_match"), ("goal", "any_script"), ("task", "exact_match"),
+                   ("language", "exact_match")}
+  for r in rows:
+    assert r["seeds"] == 2 and all(0 <= v <= 1 for v in r["values"])
+    assert r["language"] == ("standard" if r["role"] == "task" else "letter")
+  for name in ("table.md", "summary.json", "results.csv", "delta_task_expert.png", "delta_language_expert.png"):
+    assert (tmp_path / name).exists(), name
+  summary = json.load(open(tmp_path / "summary.json"))
+  assert summary["members"] == {"base": 2, "finetune": 32}
+  assert "| layer swap b=1 u=1 t=0 |" in (tmp_path / "table.md").read_text()
+  assert experiment.run(tiny, str(tmp_path), progress=False) == rows  # finished: reused
+
+
+def test_compose_builds_each_model_from_the_right_parts(tiny):
+  cfg = model.Config(vocab_size=32, block_size=16, num_layers=4, num_heads=2, d_model=8)
+  base = jax.tree.map(np.asarray, model.init_params(cfg, jax.random.key(0)))
+  recipes = testbed.plan(tiny)
+  # every trained model = base + a constant that names it, so each leaf tells its source
+  trained = {r.name: jax.tree.map(lambda x, k=k: x + (k + 1), base) for k, r in enumerate(recipes)}
+  source = lambda tree, leaf_base: float(np.round(np.mean(tree - leaf_base)))
+  labels = {p: partition.labels(base, partition.preset_rules(p, 4, 1, 1)) for p in ("A", "C", "A_inv", "C_inv")}
+  models = testbed.compose(tiny, base, trained, labels)
+  k = {r.name: i + 1 for i, r in enumerate(recipes)}
+  flat = lambda t: jax.tree.leaves(t)
+  for p in ("A", "C"):
+    for leaf, b, label in zip(flat(models[f"freeze-then-train [{p}]"]), flat(base), flat(labels[p])):
+      want = k[f"partial task expert [{p}]"] if label == "task" else k[f"partial language expert [{p}]"]
+      assert source(leaf, b) == want
+    for leaf, b, label in zip(flat(models[f"train-then-revert [{p}]"]), flat(base), flat(labels[p])):
+      assert source(leaf, b) == (k["task expert"] if label == "task" else k["language expert"])
+    for leaf, b, label in zip(flat(models[f"task expert, language partition reverted [{p}]"]), flat(base),
+                              flat(labels[p])):
+      assert source(leaf, b) == (k["task expert"] if label == "task" else 0)
+  # task arithmetic with both experts: base + (task - base) + (lang - base)
+  ta = models["task arithmetic λ=1.0"]
+  assert all(source(x, b) == k["task expert"] + k["language expert"] for x, b in zip(flat(ta), flat(base)))
+  assert models["base"] is base
+
+
+def test_bad_testbed_configs_fail_before_training(tiny, tmp_path):
+  c = tiny
+  c.merge.swaps = ("2,2,1",)  # 2 + 1 + 1 + 2 > 4 blocks
+  with pytest.raises(ValueError, match="exceeds the model's 4"):
+    experiment.run(c, str(tmp_path / "a"), progress=False)
+  assert not os.path.exists(tmp_path / "a" / "base")
+  c.merge.swaps = ("1,1,0",)
+  c.data.base = c.data.base + (("add_digit", "letter", 5),)
+  with pytest.raises(ValueError, match="must not learn it"):
+    experiment.run(c, str(tmp_path / "b"), progress=False)
+  c.data.base = c.data.base[:-1]
+  c.data.language = (("max", "standard", 10),)
+  with pytest.raises(ValueError, match=r"data.language holds \(max, standard\)"):
+    experiment.run(c, str(tmp_path / "c"), progress=False)
+
+
+def test_arithmetic_problems():
+  ac = merge_config.get_config().arithmetic
+  ex = arithmetic.make_example("add", 327, 104, "letter")
+  assert " ".join(ex.prompt) == "[let] 3 2 7 + 1 0 4 =" and ex.answer == ("B", "D", "E")
+  assert arithmetic.make_example("copy", 327, None, "letter").answer == ("H", "C", "D")
+  assert arithmetic.make_example("double", 500, None, "standard").answer == ("0", "0", "0", "1")
+  assert arithmetic.score("add", 327, 104, ["1", "3", "4"], "letter") == {"exact_match": 0.0, "any_script": 1.0}
+  assert arithmetic.score("add", 327, 104, ["B", "D", "E"], "letter") == {"exact_match": 1.0, "any_script": 1.0}
+  for a, d in arithmetic.train_problems("add_digit", "standard", 500, ac):  # always a carry
+    assert 2 <= d <= 9 and a % 10 + d >= 10
+  test, val = arithmetic.held_out("add", ac)
+  held = {p for a, b in test + val for p in ((a, b), (b, a))}
+  for lang in arithmetic.LANGUAGES:  # no language trains on a held-out problem of the operation
+    assert not held & set(arithmetic.train_problems("add", lang, 3000, ac))
+  assert arithmetic.train_problems("max", "letter", 50, ac) == arithmetic.train_problems("max", "letter", 80, ac)[:50]
+  with pytest.raises(ValueError, match="only .* operands exist"):
+    arithmetic.train_problems("succ", "standard", 900, ac)
+  with pytest.raises(ValueError, match="unknown operation"):
+    arithmetic.make_example("mul", 1, 2, "standard")

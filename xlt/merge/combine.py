@@ -1,0 +1,200 @@
+"""Merges that combine experts leaf by leaf, wherever the leaf sits in the model:
+model soups, task arithmetic and its interference-reducing variants (TIES, DARE), and
+the layer-swapping paper's row-level sparsification.
+
+Vocabulary (mergekit's): a *base* is the model every expert was fine-tuned from; an
+expert's *delta* (task vector) is expert - base; `lambdas` scale the deltas added back
+to the base (mergekit's `weight`); `density` is the fraction of delta entries TIES keeps
+(mergekit's `density`); `drop` is the fraction DARE zeroes (mergekit's 1 - density).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from xlt.merge import core
+from xlt.merge.naming import XLT, Naming, path_str
+
+
+def _expert_names(n: int) -> list[str]:
+  return [f"expert {i}" for i in range(n)]
+
+
+def soup(experts, weights=None, *, naming: Naming = XLT):
+  """A model soup (Wortsman et al. 2022): the weighted average of the experts.
+
+  weights: one non-negative number per expert, normalised to sum to 1; None = uniform
+    (the plain soup). `magnitude_weights` gives the layer-swapping paper's
+    magnitude-adjusted soup. A soup of one model is that model.
+  naming: unused (a soup ignores paths); accepted so every merge has the same keywords.
+  """
+  experts = core.expert_list(experts)
+  core.check_compatible(experts, _expert_names(len(experts)))
+  weights = core.per_expert(1.0 if weights is None else weights, len(experts), "weights")
+  if min(weights) < 0 or sum(weights) <= 0:
+    raise ValueError(f"soup weights must be non-negative with a positive sum, got {weights}")
+  weights = [w / sum(weights) for w in weights]
+
+  def merge(_, first, *rest):
+    # first + sum_i w_i (x_i - first) = sum_i w_i x_i (the weights sum to 1), written
+    # around the first expert so that identical experts give it back exactly.
+    if not rest:
+      return first
+    anchor = core.as_compute(first)  # may be the caller's array: never written to
+    out = anchor.copy()
+    for w, x in zip(weights[1:], rest):
+      out += w * (core.as_compute(x) - anchor)
+    return out
+
+  return core.map_leaves(merge, *experts)
+
+
+def magnitude_weights(experts, base, *, naming: Naming = XLT) -> list[float]:
+  """Soup weights adjusted for how far each expert moved from the base (the
+  layer-swapping paper, section 5.1): expert i's weight is 1 / (the mean of the row MAVs
+  of expert_i - base over every row of every tensor, each row counted once), normalised
+  to sum to 1. An expert that changed little is not drowned by one that changed a lot.
+  Rows are `naming.rows` (output units; one row for 1-D tensors)."""
+  experts = core.expert_list(experts)
+  core.check_compatible([base, *experts], ["base", *_expert_names(len(experts))])
+  inverse = []
+  for i, expert in enumerate(experts):
+    mavs = [m for _, m in core.row_mavs(expert, base, naming)]
+    mean = float(np.concatenate(mavs).mean()) if mavs else 0.0
+    if not mean > 0:
+      raise ValueError(f"expert {i} equals the base (mean row MAV {mean}): its magnitude weight "
+                       "would be infinite")
+    inverse.append(1.0 / mean)
+  return [w / sum(inverse) for w in inverse]
+
+
+def _add_deltas(base, experts, lambdas, transform, what: str):
+  """base + sum_i lambda_i * transform(i, path, delta_i), leaf by leaf."""
+  experts = core.expert_list(experts)
+  core.check_compatible([base, *experts], ["base", *_expert_names(len(experts))])
+  lambdas = core.per_expert(lambdas, len(experts), f"{what} lambdas")
+
+  def merge(path, b, *xs):
+    terms = [(lam, i, x) for i, (lam, x) in enumerate(zip(lambdas, xs)) if lam != 0.0]
+    if not terms:
+      return b
+    b = core.as_compute(b)
+    out = b.copy()
+    for lam, i, x in terms:
+      out += lam * transform(i, path, core.as_compute(x) - b)
+    return out
+
+  return core.map_leaves(merge, base, *experts)
+
+
+def task_arithmetic(base, experts, lambdas=1.0, *, naming: Naming = XLT):
+  """Task arithmetic (Ilharco et al. 2023): base + sum_i lambda_i (expert_i - base).
+
+  lambdas: the scale of each task vector, one float for all or one per expert. 0 leaves
+    the base; 1 with one expert gives that expert; 1/n for n experts is their soup;
+    the paper tunes one value in [0, 1] on validation data; > 1 extrapolates.
+  naming: unused; accepted so every merge has the same keywords.
+  """
+  return _add_deltas(base, experts, lambdas, lambda i, path, d: d, "task arithmetic")
+
+
+def ties(base, experts, *, density: float = 0.2, lambdas=1.0, naming: Naming = XLT):
+  """TIES-merging (Yadav et al. 2023): task arithmetic with interference resolved.
+
+  Per tensor:
+    1. trim: each expert keeps the `density` fraction of its delta entries largest in
+       magnitude and zeroes the rest (per tensor, as mergekit does; the paper ranks a
+       whole model's task vector at once). k = round(density * size), at least one
+       entry; entries tied with the k-th largest are all kept.
+    2. elect: each entry's sign is the sign of the sum of the (lambda-scaled) trimmed
+       deltas: the direction with more total mass wins.
+    3. disjoint mean: the mean of the nonzero trimmed deltas that agree with the elected
+       sign; an entry where none agree, or whose sum is exactly 0 (no sign elected),
+       stays at the base. (mergekit elects + on an exact tie instead.)
+  The result is base + the disjoint mean.
+
+  density: in (0, 1], the fraction of each delta kept (mergekit's `density`). The paper
+    keeps the top 20% (its default, 0.2); 1.0 skips the trim.
+  lambdas: the scale of the merged delta (the paper's lambda; 1 when there is no
+    validation data to tune it on), or one scale per expert, applied to its trimmed
+    delta before the election (mergekit's per-model `weight`).
+  naming: unused; accepted so every merge has the same keywords.
+  """
+  experts = core.expert_list(experts)
+  core.check_compatible([base, *experts], ["base", *_expert_names(len(experts))])
+  core.check_range("TIES density", density, 0.0, 1.0, low_open=True)
+  lambdas = core.per_expert(lambdas, len(experts), "TIES lambdas")
+
+  def merge(_, b, *xs):
+    b = core.as_compute(b)
+    trimmed = []
+    for lam, x in zip(lambdas, xs):
+      d = core.as_compute(x) - b
+      trimmed.append(lam * np.where(core.top_fraction_mask(np.abs(d), density), d, 0))
+    trimmed = np.stack(trimmed)
+    elected = np.sign(trimmed.sum(axis=0, dtype=np.float64))
+    agree = (np.sign(trimmed) == elected) & (trimmed != 0)
+    count = agree.sum(axis=0)
+    total = np.where(agree, trimmed, 0).sum(axis=0, dtype=np.float64)
+    return b + np.where(count > 0, total / np.maximum(count, 1), 0).astype(b.dtype)
+
+  return core.map_leaves(merge, base, *experts)
+
+
+def dare_mask(seed: int, expert_index: int, path, shape, drop: float) -> np.ndarray:
+  """DARE's keep mask for one (expert, leaf): True with probability 1 - drop. The stream
+  is numpy's PCG64 seeded by (seed, expert_index, crc32 of the path), so a mask depends
+  only on those, never on device, leaf order or which other leaves exist."""
+  key = zlib.crc32(path_str(path).encode())
+  rng = np.random.default_rng(np.random.SeedSequence([seed, expert_index, key]))
+  return rng.random(shape) >= drop
+
+
+def dare(base, experts, *, drop: float = 0.9, seed: int = 0, lambdas=1.0, naming: Naming = XLT):
+  """DARE (Yu et al. 2024, "Language models are Super Mario"): Drop And REscale each
+  delta, then task arithmetic.
+
+  Each delta entry is zeroed with probability `drop` and the survivors multiplied by
+  1 / (1 - drop), so every entry's expected value is its delta; the sparser deltas of
+  several experts then collide less when added.
+
+  drop: in [0, 1), the drop rate p (mergekit's 1 - density). The paper drops 0.9 for
+    SFT deltas (up to 0.99 works for large models); 0 is plain task arithmetic.
+  seed: a non-negative integer; the same seed gives the same masks (see `dare_mask`).
+  lambdas: the task-arithmetic scale of each rescaled delta (see `task_arithmetic`).
+  naming: unused; accepted so every merge has the same keywords.
+  """
+  core.check_range("DARE drop", drop, 0.0, 1.0, high_open=True)
+  if int(seed) != seed or seed < 0:
+    raise ValueError(f"DARE seed must be a non-negative integer, got {seed}")
+
+  def drop_and_rescale(i, path, d):
+    if drop == 0.0:
+      return d
+    return np.where(dare_mask(int(seed), i, path, d.shape, drop), d / (1.0 - drop), 0).astype(d.dtype)
+
+  return _add_deltas(base, experts, lambdas, drop_and_rescale, "DARE")
+
+
+def sparsify_rows(expert, base, threshold: float, *, naming: Naming = XLT):
+  """The layer-swapping paper's row-level sparsification (section 3.2): every row whose
+  MAV of expert - base is at most `threshold` goes back to the base; other rows keep the
+  expert's values. Rows (`naming.rows`) are output units, so a linear map is never half
+  updated; a 1-D tensor is one row.
+
+  threshold: >= 0, in the units of the weights. A row is "changed" when its MAV exceeds
+    it, as in `analysis.row_change`, so the rows kept here are the ones it counts. The
+    paper's figure 2 used 1.9e-5 and 1.0e-5 for its LLAMA 3.1 8B experts;
+    `analysis.default_threshold` picks one when you have none.
+  """
+  core.check_compatible([expert, base], ["expert", "base"])
+  if not threshold >= 0:
+    raise ValueError(f"sparsify threshold must be >= 0, got {threshold}")
+
+  def merge(path, e, b):
+    changed = core.mean_abs_rows(core.as_compute(e) - core.as_compute(b), path, naming) > threshold
+    return np.where(core.row_mask_to_leaf(path, changed, np.shape(e), naming), e, b)
+
+  return core.map_leaves(merge, expert, base)

@@ -1,0 +1,139 @@
+"""How a checkpoint format names its parameters: which block a path belongs to, what
+kind of module it is, and which axes of a tensor index its *rows* (neurons).
+
+Every merge in xlt.merge reads paths only through a `Naming`, so another format (say
+Hugging Face's flat `model.layers.{i}.self_attn.q_proj.weight` keys) is one more small
+`Naming` object, with no change to the merges.
+
+A path is a tuple of strings: the dict keys from the root to a leaf. `path_names` turns
+a jax key path (from `jax.tree_util.tree_flatten_with_path`) into one.
+
+Rows. The layer-swapping paper (Bandarkar et al.) measures change per row of the
+Hugging Face [out, in] weights, i.e. per output unit (neuron), and calls the MAV of a
+1-D tensor "the MAV across the vector": one row. MAET's key neurons are the same rows.
+`Naming.rows` gives that [num_rows, row_len] view of any leaf; `Naming.from_rows` undoes
+it, so a per-row decision (keep / revert) is a per-row mask broadcast back to the leaf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Callable
+
+import numpy as np
+
+Path = tuple[str, ...]
+
+
+def path_names(path) -> Path:
+  """A tuple of strings from a jax key path (dict keys, attribute names, sequence
+  indices), a tuple of names, or a "a/b/c" string; idempotent."""
+  if isinstance(path, str):
+    return tuple(path.split("/"))
+  names = []
+  for p in path:
+    for attr in ("key", "name", "idx"):  # DictKey / FlattenedIndexKey, GetAttrKey, SequenceKey
+      if hasattr(p, attr):
+        p = getattr(p, attr)
+        break
+    names.append(str(p))
+  return tuple(names)
+
+
+def path_str(path) -> str:
+  """The path as "block_3/attn/qkv/kernel": how errors, logs and plots name a leaf."""
+  return "/".join(path_names(path))
+
+
+@dataclasses.dataclass(frozen=True)
+class Naming:
+  """The three path rules of one checkpoint format.
+
+  block_kind(path) -> (block index or None, kind): kind is one of embedding, attn, mlp,
+    norm, head. Parameters outside the repeated blocks have block None.
+  row_axes(path, shape) -> the axes that index rows (output units); () = one row.
+  local_name(path) -> a block parameter's name within its block ("attn/qkv/kernel"), so
+    the same parameter of different blocks shares a column in `analysis.row_change`.
+
+  Each accepts a jax key path or a tuple of names: a new Naming's functions start with
+  `path_names(path)`, as XLT's do.
+  """
+
+  name: str
+  block_kind: Callable[[Path], tuple[int | None, str]]
+  row_axes: Callable[[Path, tuple[int, ...]], tuple[int, ...]]
+  local_name: Callable[[Path], str]
+
+  def rows(self, path, x) -> np.ndarray:
+    """The [num_rows, row_len] view of leaf `x`: row axes first, flattened."""
+    x = np.asarray(x)
+    axes, rest = self._split(path, x.shape)
+    num_rows = math.prod(x.shape[a] for a in axes)
+    row_len = math.prod(x.shape[a] for a in rest)
+    return np.transpose(x, axes + rest).reshape(num_rows, row_len)
+
+  def from_rows(self, path, rows_2d, shape) -> np.ndarray:
+    """Inverse of `rows`: a [num_rows, row_len] array back to a leaf of `shape`."""
+    shape = tuple(shape)
+    axes, rest = self._split(path, shape)
+    order = axes + rest
+    x = np.asarray(rows_2d).reshape([shape[a] for a in order])
+    return np.transpose(x, np.argsort(order))
+
+  def num_rows(self, path, shape) -> int:
+    return math.prod(shape[a] for a in self._split(path, tuple(shape))[0])
+
+  def _split(self, path, shape) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    axes = tuple(self.row_axes(path_names(path), tuple(shape)))
+    return axes, tuple(a for a in range(len(shape)) if a not in axes)
+
+
+# ---- xlt's GPT (xlt.model): wte, wpe, ln_f, lm_head, block_{i}/{ln_1, attn, ln_2, mlp}
+
+_BLOCK = re.compile(r"block_(\d+)$")
+
+
+def xlt_block_kind(path) -> tuple[int | None, str]:
+  """(block index or None, kind) of an xlt GPT parameter path; the rule of
+  `xlt.model.path_info`, which may import it from here.
+
+  kinds: embedding (wte, wpe), head (ln_f, lm_head), and inside block_{i}: attn, mlp,
+  or norm (ln_1, ln_2).
+  """
+  names = path_names(path)
+  if not names:
+    return None, "norm"
+  block = next((int(m.group(1)) for n in names if (m := _BLOCK.match(n))), None)
+  if names[0] in ("wte", "wpe"):
+    return None, "embedding"
+  if names[0] in ("ln_f", "lm_head"):
+    return None, "head"
+  return block, next((n for n in names[1:] if n in ("attn", "mlp")), "norm")
+
+
+def xlt_row_axes(path, shape) -> tuple[int, ...]:
+  """Rows = output units. A flax Dense kernel is [in..., out...]: attn/proj's kernel
+  [H, K, D] has two input axes, every other kernel (qkv [D, 3, H, K], mlp fc [D, F],
+  mlp proj [F, D], lm_head [D, V]) one, so its rows are its trailing axes (for a [D, F]
+  kernel: its F columns). Embedding tables (wte [V, D], wpe [T, D]) have one row per
+  token / position. Biases (qkv's [3, H, K] too), norms and other 1-D leaves: one row.
+  """
+  names = path_names(path)
+  if names and names[-1] == "kernel":
+    num_in = 2 if names[-3:-1] == ("attn", "proj") else 1
+    return tuple(range(num_in, len(shape))) if len(shape) > num_in else ()
+  if xlt_block_kind(names)[1] == "embedding" and len(shape) >= 2:
+    return (0,)
+  return ()
+
+
+def xlt_local_name(path) -> str:
+  """The path below the block key: block_3/attn/qkv/kernel -> attn/qkv/kernel."""
+  names = path_names(path)
+  at = next((i for i, n in enumerate(names) if _BLOCK.match(n)), -1)
+  return "/".join(names[at + 1:])
+
+
+XLT = Naming("xlt", xlt_block_kind, xlt_row_axes, xlt_local_name)

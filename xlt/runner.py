@@ -1,0 +1,106 @@
+"""What every experiment runner shares: the seeds of a condition, training an ensemble while
+keeping each member's best-validation parameters, greedy-decoding scores, and the outputs that
+mark a workdir finished.
+
+A runner (`xlt.transfer`, `xlt.text_transfer`, ...) plans its cells, has its task build the
+data and a validation score, then calls `train_and_select`, scores the selected parameters on
+test data and hands its rows to `write_outputs`. This module imports no runner, so a runner
+(or the merge testbed) can use it without an import cycle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from xlt import checkpoint as ckpt_lib
+from xlt import evaluate as eval_lib
+from xlt import loop as loop_lib
+from xlt import model as model_lib
+from xlt import results as results_lib
+from xlt.data import common
+
+
+def condition_seeds(c, cond: str) -> list[int]:
+  """The seeds a condition is trained with: `c.num_seeds`, or `c.seeds_per_condition[cond]`
+  (the reference repeats only its mixed models; the alone baselines can run once)."""
+  n = int(c.get("seeds_per_condition", {}).get(cond, c.num_seeds))
+  if n < 1:
+    raise ValueError(f"condition {cond!r} needs >= 1 seed, got {n} (num_seeds / seeds_per_condition)")
+  return list(range(c.seed, c.seed + n))
+
+
+def train_and_select(c, model_cfg: model_lib.Config, members: Sequence[loop_lib.Member],
+                     val_score: Callable[[object, np.ndarray], Sequence[float]], workdir: str, *,
+                     init_params=None, tx=None, mesh=None, stop_after: int | None = None,
+                     progress: bool = True):
+  """Trains `members` as one ensemble (`loop.train_ensemble`) and selects, per member, the
+  parameters of its best validation score: those are the models a runner tests, because a
+  member's score can dip between its best evaluation and the one that stops it.
+
+  `val_score(params, ids) -> scores` (higher is better) scores the stacked params of the
+  members `ids`; each call also records improved members in workdir/best_params.npz
+  (`checkpoint.BestParams`), so a resumed or re-run workdir selects the same models.
+  `init_params` (stacked, one model per member) fine-tunes instead of training from scratch.
+
+  Returns (best params, stacked, or None if the run has not finished, e.g. `stop_after`;
+  the loop's output dict, with "best_steps": each member's step of its best score).
+  """
+  best = ckpt_lib.BestParams(os.path.join(workdir, "best_params.npz"), len(members))
+
+  def evaluate(params, ids):
+    scores = val_score(params, ids)
+    best.update(params, scores, ids)
+    return scores
+
+  out = loop_lib.train_ensemble(c, model_cfg, members, evaluate, workdir, tx=tx, mesh=mesh,
+                                stop_after=stop_after, progress=progress,
+                                init_params=init_params)
+  out["best_steps"] = loop_lib.best_steps(out["history"], out["stopped_at"])
+  if not out["finished"]:
+    return None, out
+  return best.params(out["state"]["params"]), out
+
+
+def score_members(cfg, params, task: common.Task, sets: dict[str, common.EvalSet],
+                  member_langs: list[list[str]], batch: int) -> list[dict[str, dict[str, float]]]:
+  """Decodes every member on each of its languages' sets; returns, per member,
+  {language: {metric: mean over the set}}."""
+  tok = task.tokenizer
+  out = [{} for _ in member_langs]
+  for lang, es in sets.items():
+    members = [i for i, ls in enumerate(member_langs) if lang in ls]
+    if not members:
+      continue
+    sub = jax.tree.map(lambda x: x[np.asarray(members)], params)
+    prompt_ids = [tok.encode(p) for p in es.prompts]
+    answers = eval_lib.decode_answers(cfg, sub, [prompt_ids] * len(members), max_new=es.max_new,
+                                      eos_id=tok.eos_id, batch=batch)
+    for i, ans in zip(members, answers):
+      scores = [es.score(j, tok.decode(a)) for j, a in enumerate(ans)]
+      out[i][lang] = {k: float(np.mean([s[k] for s in scores])) for k in scores[0]}
+  return out
+
+
+def finished_rows(workdir: str) -> list[dict] | None:
+  """The results rows of a workdir whose experiment finished (it holds results.json; says so
+  on stdout), or None."""
+  done = os.path.join(workdir, "results.json")
+  if not os.path.exists(done):
+    return None
+  print(f"{workdir}: finished earlier, reusing {done}")
+  with open(done) as f:
+    return json.load(f)
+
+
+def write_outputs(workdir: str, rows: list[dict], table_md: str, summary: dict):
+  """Writes table.md and summary.json, then results.json/.csv: last, because their presence
+  marks the experiment finished (`finished_rows`), so a crash before it leaves none."""
+  results_lib.atomic_write(os.path.join(workdir, "table.md"), table_md)
+  results_lib.atomic_write(os.path.join(workdir, "summary.json"),
+                           json.dumps(summary, indent=1, default=float))
+  results_lib.write(workdir, rows)
