@@ -29,9 +29,17 @@ def test_graph_experiment_writes_results(graph_config, tmp_path, monkeypatch):
     assert all(0.0 <= v <= 1.0 for v in r["values"])
     assert r["mean"] == pytest.approx(np.mean(r["values"]))
   assert {r["samples"] for r in rows if r["role"] == "target"} == {64}
-  for name in ("results.csv", "table.md", "curves.png", "summary.json", "metrics.jsonl"):
+  for name in ("results.csv", "table.md", "curves.png", "summary.json", "metrics.jsonl", "predictions.jsonl"):
     assert (tmp_path / name).exists(), name
   assert "| graph_diff_grammar | node_plain | edge_plain | 256 | 64 |" in (tmp_path / "table.md").read_text()
+  # every test prompt's answer, per member; their scores average to the rows' values
+  preds = [json.loads(l) for l in open(tmp_path / "predictions.jsonl")]
+  mixed0 = [p for p in preds if p["member"].startswith("mixed") and p["member"].endswith("seed_0")
+            and p["set"] == "edge_plain"]
+  assert len(mixed0) == graph_config.graph.num_test_pairs
+  row = next(r for r in rows if r["condition"] == "mixed" and r["language"] == "edge_plain" and r["metric"] == "valid")
+  assert np.mean([p["scores"]["valid"] for p in mixed0]) == pytest.approx(row["values"][0])
+  assert {"prompt", "answer", "scores"} <= set(mixed0[0])
   assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["12", "8"]  # max_to_keep=2
   # tested: each member at its best validation score, recorded per row
   assert (tmp_path / "best_params.npz").exists()

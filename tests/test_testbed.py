@@ -50,7 +50,8 @@ def test_testbed_writes_every_method_and_resumes(tiny, tmp_path):
   for r in rows:
     assert r["seeds"] == 2 and all(0 <= v <= 1 for v in r["values"])
     assert r["language"] == ("standard" if r["role"] == "task" else "letter")
-  for name in ("table.md", "summary.json", "results.csv", "delta_task_expert.png", "delta_language_expert.png"):
+  for name in ("table.md", "summary.json", "results.csv", "delta_task_expert.png", "delta_language_expert.png",
+               "predictions.jsonl"):
     assert (tmp_path / name).exists(), name
   summary = json.load(open(tmp_path / "summary.json"))
   assert summary["members"] == {"base": 2, "finetune": 32}

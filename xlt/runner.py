@@ -67,9 +67,11 @@ def train_and_select(c, model_cfg: model_lib.Config, members: Sequence[loop_lib.
 
 
 def score_members(cfg, params, task: common.Task, sets: dict[str, common.EvalSet],
-                  member_langs: list[list[str]], batch: int) -> list[dict[str, dict[str, float]]]:
+                  member_langs: list[list[str]], batch: int,
+                  predictions: list | None = None) -> list[dict[str, dict[str, float]]]:
   """Decodes every member on each of its languages' sets; returns, per member,
-  {language: {metric: mean over the set}}."""
+  {language: {metric: mean over the set}}. With a `predictions` list, appends one record per
+  member and prompt: {"member": index, "set", "prompt", "answer", "scores"}."""
   tok = task.tokenizer
   out = [{} for _ in member_langs]
   for lang, es in sets.items():
@@ -81,9 +83,20 @@ def score_members(cfg, params, task: common.Task, sets: dict[str, common.EvalSet
     answers = eval_lib.decode_answers(cfg, sub, [prompt_ids] * len(members), max_new=es.max_new,
                                       eos_id=tok.eos_id, batch=batch)
     for i, ans in zip(members, answers):
-      scores = [es.score(j, tok.decode(a)) for j, a in enumerate(ans)]
+      decoded = [tok.decode(a) for a in ans]
+      scores = [es.score(j, d) for j, d in enumerate(decoded)]
       out[i][lang] = {k: float(np.mean([s[k] for s in scores])) for k in scores[0]}
+      if predictions is not None:
+        predictions += [{"member": i, "set": lang, "prompt": " ".join(p), "answer": " ".join(d), "scores": sc}
+                        for p, d, sc in zip(es.prompts, decoded, scores)]
   return out
+
+
+def write_predictions(path: str, records: list[dict], member_names: Sequence[str]):
+  """predictions.jsonl: each test prompt's decoded answer and scores, per member (by name),
+  so errors can be read; written atomically."""
+  lines = (json.dumps({**r, "member": member_names[r["member"]]}, ensure_ascii=False) for r in records)
+  results_lib.atomic_write(path, "\n".join(lines) + "\n")
 
 
 def finished_rows(workdir: str) -> list[dict] | None:

@@ -247,7 +247,7 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
     trained = {r.name: _member(tuned, k * len(seeds) + i) for k, r in enumerate(recipes)}
     per_seed.append(compose(c, _member(base, i), trained, labels, seed=s))
   model_names = list(per_seed[0])
-  scores = _score_all(cfg, task, per_seed, sets, c.eval.batch_size)
+  scores = _score_all(cfg, task, per_seed, sets, c.eval.batch_size, seeds, workdir)
   rows = _rows(c, model_names, scores, sets, seeds)
   heatmaps = _heatmaps(c, workdir, base, tuned, recipes, seeds)
 
@@ -266,20 +266,25 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   return rows
 
 
-def _score_all(cfg, task, per_seed, sets, batch, chunk: int = 48):
-  """{model name: {set name: {metric: [value per seed]}}}, decoding models in chunks."""
+def _score_all(cfg, task, per_seed, sets, batch, seeds, workdir, chunk: int = 48):
+  """{model name: {set name: {metric: [value per seed]}}}, decoding models in chunks; every
+  answer goes to workdir/predictions.jsonl (member "<model>/seed_<s>")."""
   flat = [(name, i, params) for i, models in enumerate(per_seed) for name, params in models.items()]
   wanted = [n for r in ("goal", "task", "language") for n in sets[r]]
-  out = {}
+  out, predictions = {}, []
   for start in range(0, len(flat), chunk):
     part = flat[start:start + chunk]
     stacked = jax.device_put(_stack([p for _, _, p in part]))
+    records = []
     scored = runner.score_members(cfg, stacked, task, {n: task.test[n] for n in wanted},
-                                  [wanted] * len(part), batch)
+                                  [wanted] * len(part), batch, records)
+    predictions += [{**r, "member": start + r["member"]} for r in records]
     for (name, i, _), s in zip(part, scored):
       for n, metrics in s.items():
         for k, v in metrics.items():
           out.setdefault(name, {}).setdefault(n, {}).setdefault(k, [None] * len(per_seed))[i] = v
+  runner.write_predictions(os.path.join(workdir, "predictions.jsonl"), predictions,
+                           [f"{name}/seed_{seeds[i]}" for name, i, _ in flat])
   return out
 
 

@@ -122,7 +122,9 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
                                         stop_after=stop_after, progress=progress)
   if params is None:
     return []
-  test = runner.score_members(cfg, params, task, task.test, member_langs, c.eval.batch_size)
+  predictions = []
+  test = runner.score_members(cfg, params, task, task.test, member_langs, c.eval.batch_size, predictions)
+  runner.write_predictions(os.path.join(workdir, "predictions.jsonl"), predictions, [m.name for m in members])
   rows = []
   groups: dict[tuple, list[int]] = {}
   for i, cell in enumerate(cells):

@@ -1,0 +1,443 @@
+"""xlt vs PyTorch eager, side by side, in one run: every training shape xlt uses, the
+ensemble, and greedy decoding.
+
+  pip install -e '.[bench]'                # PyTorch as an optional extra (never an xlt dependency)
+  # PyPI's default Linux torch wheel pulls GBs of CUDA libraries; on a CPU machine use:
+  #   pip install torch --index-url https://download.pytorch.org/whl/cpu
+  python benchmarks/compare.py                      # ~6 min on the 2-core CPU
+  python benchmarks/compare.py --quick              # smoke test, about a minute
+  python benchmarks/compare.py --rounds 3 --json runs/compare.json
+
+Prints a markdown table: date, machine (CPU model, cores), library versions, allocator,
+and per shape xlt tokens/s, PyTorch tokens/s and their ratio (with each round's numbers,
+so the noise is visible). PyTorch is benchmarks/torch_gpt.py, the same model and optimizer
+(tests/test_torch_gpt.py checks logits, decodes and AdamW steps agree).
+
+What is measured:
+  * training, one full step (forward, backward, global-norm clip, AdamW):
+    tokens/s = ensemble x batch x seq / median step time. Shapes: graph (6 x 64, 4 heads,
+    vocab 112, batch 64) at 29 and 128 tokens; addition `:cpu` (4 x 128, RoPE, vocab 32,
+    batch 128, 13 tokens) and reference (12 x 128, 8 heads, batch 256, 32 tokens); the text
+    proxy (model and batch read from configs/tinystories.py, block_size tokens).
+  * ensemble: 9 graph models (29 tokens) in one vmapped xlt step, vs the same 9 stepped one
+    after the other with the single-model step, and PyTorch's 9 separate steps.
+  * decoding: greedy with a KV cache, graph model, batch 512, 100-token prompt + 20 new
+    tokens; xlt through xlt.evaluate.ensemble_decode (jitted, after warm-up). Prefill is the
+    same call with 1 new token; ms per new token = (full - prefill) / 19; new tokens/s =
+    batch x 20 / full time (prefill included).
+
+How: xlt's step is xlt.train.make_step(make_optimizer(...)) on a 1-device mesh, as
+benchmarks/train_step.py builds it. Each implementation runs in its own subprocess (JAX
+and PyTorch never share a process's threads), rounds alternate between them (xlt first in
+even rounds, PyTorch first in odd ones, so a drift of the machine's speed hits both), each
+round takes the median over timed steps after warm-up, and the table reports the median
+over rounds. XLA:CPU uses every core; PyTorch gets torch.set_num_threads(os.cpu_count()).
+The xlt worker starts as `python -m xlt.main` does: `xlt.allocator.preload()` (when that
+module exists) may re-execute it with a faster malloc preloaded; the table names the
+allocator each worker ended up with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+# Nothing here may import jax or torch at module level: the xlt worker must call
+# xlt.allocator.preload() before jax is imported.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+OPT = dict(name="adamw", schedule="cosine", peak_lr=3e-3, warmup_steps=10, total_steps=1000,
+           b1=0.9, b2=0.95, weight_decay=0.1, clip=1.0)  # xlt's defaults (configs/common.py)
+ENSEMBLE = 9
+ENV_SHOWN = ("LD_PRELOAD", "OMP_WAIT_POLICY", "OMP_NUM_THREADS", "XLA_FLAGS")
+BUSY_WARNING = ("compare on an idle machine; PyTorch suffers most, OMP_WAIT_POLICY=PASSIVE "
+                "limits its loss")
+DECODE = dict(batch=512, prompt=100, new=20)
+
+
+def _model(layers, width, heads, vocab, block, pos="learned"):
+  return dict(num_layers=layers, d_model=width, num_heads=heads, vocab_size=vocab, block_size=block,
+              pos_embedding=pos)
+
+
+def _text_proxy():
+  """configs/tinystories.py's model and batch; sequences of block_size tokens (its packed rows)."""
+  from configs import tinystories
+
+  c = tinystories.get_config()
+  m, multiple = c.model, c.model.get("vocab_multiple", 8)
+  vocab = -(-c.tokenizer.vocab_size // multiple) * multiple  # as xlt.model.config_from pads it
+  model = dict(_model(m.num_layers, m.d_model, m.num_heads, vocab, m.block_size, m.pos_embedding),
+               mlp_ratio=m.mlp_ratio, tie_embeddings=m.tie_embeddings)
+  return model, c.train.batch_size, m.block_size
+
+
+def plan() -> list[dict]:
+  """The jobs, in the order each worker runs them."""
+  graph = _model(6, 64, 4, 112, 128)
+  text_model, text_batch, text_seq = _text_proxy()
+  t = lambda name, label, model, batch, seq: dict(kind="train", name=name, label=label, model=model,
+                                                  batch=batch, seq=seq)
+  return [
+      t("graph_29", "graph: 6×64, batch 64 × 29", graph, 64, 29),
+      t("graph_128", "graph: 6×64, batch 64 × 128", graph, 64, 128),
+      t("addition_cpu", "addition `:cpu`: 4×128 RoPE, batch 128 × 13", _model(4, 128, 4, 32, 64, "rope"), 128, 13),
+      t("addition_ref", "addition reference: 12×128, 8 heads, RoPE, batch 256 × 32",
+        _model(12, 128, 8, 32, 64, "rope"), 256, 32),
+      t("text_proxy", f"text proxy: {text_model['num_layers']}×{text_model['d_model']}, vocab "
+        f"{text_model['vocab_size']}, batch {text_batch} × {text_seq}", text_model, text_batch, text_seq),
+      dict(kind="ensemble", name="ensemble", label=f"{ENSEMBLE} graph models, batch 64 × 29", model=graph,
+           batch=64, seq=29, members=ENSEMBLE),
+      dict(kind="decode", name="decode", model=graph, **DECODE),
+  ]
+
+
+# --- measurement helpers (used inside the workers) ---
+
+def median_seconds(fn, warmup: int, steps: int, min_seconds: float = 0.0, max_steps: int = 50) -> float:
+  """Median time of `fn` over `steps` calls after `warmup` (the first compiles), and more
+  calls, up to `max_steps`, until `min_seconds` are timed: cheap steps get more samples."""
+  for _ in range(warmup):
+    fn()
+  times = []
+  while len(times) < steps or (sum(times) < min_seconds and len(times) < max_steps):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def allocator() -> str:
+  """The malloc this process runs on, from its memory map."""
+  with open("/proc/self/maps") as f:
+    maps = f.read()
+  for name in ("tcmalloc", "jemalloc", "mimalloc"):
+    if f"lib{name}" in maps:
+      return name + (" (LD_PRELOAD)" if name in os.environ.get("LD_PRELOAD", "") else "")
+  return "glibc malloc"
+
+
+def decode_result(full_s: float, prefill_s: float, batch: int, new: int) -> dict:
+  return {"prefill_ms": prefill_s * 1e3, "ms_per_token": (full_s - prefill_s) / (new - 1) * 1e3,
+          "new_tokens_per_s": batch * new / full_s}
+
+
+# --- xlt worker ---
+
+def xlt_worker(jobs, timing):
+  import jax
+  import ml_collections
+  import numpy as np
+
+  from xlt import evaluate, sharding
+  from xlt import model as model_lib
+  from xlt import train as train_lib
+
+  tx = train_lib.make_optimizer(ml_collections.ConfigDict(OPT))
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  rng = np.random.default_rng(0)
+
+  compiled = {}  # (cfg, ensemble) -> (step, state shardings): the ensemble job reuses graph_29's
+
+  def step_and_states(cfg, ensemble, copies=1):
+    """xlt's jitted step for `ensemble` members, and `copies` independent states for it."""
+    if (cfg, ensemble) not in compiled:
+      abstract = jax.eval_shape(lambda: train_lib.init_state(cfg, tx, list(range(ensemble))))
+      compiled[cfg, ensemble] = train_lib.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract)[:2]
+    step, st_sh = compiled[cfg, ensemble]
+    with jax.set_mesh(mesh):
+      init = jax.jit(lambda s: train_lib.init_state(cfg, tx, s), out_shardings=st_sh)
+      states = [init(np.arange(ensemble) + ensemble * k) for k in range(copies)]
+    return step, states
+
+  def timed(step, states, batch):
+    """Median seconds for one step of each state, one after the other."""
+    def run():
+      for i, s in enumerate(states):
+        states[i], m = step(s, batch)
+      jax.block_until_ready((states, m))
+    with jax.set_mesh(mesh):
+      return median_seconds(run, timing["warmup"], timing["steps"], timing["min_seconds"])
+
+  def batch_for(cfg, ensemble, b, t):
+    return {"tokens": rng.integers(0, cfg.vocab_size, (ensemble, b, t + 1)).astype(np.int32),
+            "loss_mask": np.ones((ensemble, b, t), np.float32)}
+
+  out = {}
+  for job in jobs:
+    t0 = time.perf_counter()
+    cfg = model_lib.Config(**job["model"])
+    b, t = job.get("batch"), job.get("seq")
+    if job["kind"] == "train":
+      step, states = step_and_states(cfg, 1)
+      dt = timed(step, states, batch_for(cfg, 1, b, t))
+      out[job["name"]] = {"tokens_per_s": b * t / dt, "step_ms": dt * 1e3}
+    elif job["kind"] == "ensemble":
+      e = job["members"]
+      step, states = step_and_states(cfg, e)
+      together = timed(step, states, batch_for(cfg, e, b, t))
+      step, states = step_and_states(cfg, 1, copies=e)
+      separate = timed(step, states, batch_for(cfg, 1, b, t))
+      out[job["name"]] = {"together": e * b * t / together, "separate": e * b * t / separate}
+    elif job["kind"] == "decode":
+      params = jax.tree.map(lambda x: x[None], model_lib.init_params(cfg, jax.random.key(0)))
+      prompts = rng.integers(0, cfg.vocab_size, (1, job["batch"], job["prompt"])).astype(np.int32)
+      lens = np.full((1, job["batch"]), job["prompt"], np.int32)
+
+      def decode(new):
+        return lambda: jax.block_until_ready(evaluate.ensemble_decode(
+            cfg, params, prompts, lens, max_new=new, min_prompt=job["prompt"]))
+
+      full = median_seconds(decode(job["new"]), 1, timing["decode_steps"])
+      prefill = median_seconds(decode(1), 1, timing["decode_steps"])
+      out[job["name"]] = decode_result(full, prefill, job["batch"], job["new"])
+    print(f"  xlt {job['name']} ({time.perf_counter() - t0:.0f} s): {out[job['name']]}", file=sys.stderr,
+          flush=True)
+  return out
+
+
+# --- PyTorch worker ---
+
+def torch_worker(jobs, timing):
+  import torch
+
+  from benchmarks import torch_gpt
+
+  torch.set_num_threads(os.cpu_count())
+  torch.manual_seed(0)
+
+  def model_and_opt(job):
+    net = torch_gpt.GPT(torch_gpt.Config(**job["model"]))
+    return net, torch_gpt.make_optimizer(net)
+
+  def data(job):
+    v = job["model"]["vocab_size"]
+    return torch.randint(0, v, (job["batch"], job["seq"] + 1)), torch.ones(job["batch"], job["seq"])
+
+  out = {}
+  for job in jobs:
+    t0 = time.perf_counter()
+    b, t = job.get("batch"), job.get("seq")
+    if job["kind"] in ("train", "ensemble"):
+      members = [model_and_opt(job) for _ in range(job.get("members", 1))]
+      tokens, mask = data(job)
+
+      def run():
+        for net, opt in members:
+          torch_gpt.train_step(net, opt, tokens, mask)
+
+      dt = median_seconds(run, timing["warmup"], timing["steps"], timing["min_seconds"])
+      tps = len(members) * b * t / dt
+      out[job["name"]] = ({"separate": tps} if job["kind"] == "ensemble" else
+                          {"tokens_per_s": tps, "step_ms": dt * 1e3})
+    elif job["kind"] == "decode":
+      net = torch_gpt.GPT(torch_gpt.Config(**job["model"])).eval()
+      prompts = torch.randint(0, job["model"]["vocab_size"], (job["batch"], job["prompt"]))
+      lens = torch.full((job["batch"],), job["prompt"])
+
+      def decode(new):
+        return lambda: torch_gpt.greedy_decode(net, prompts, lens, max_new=new, min_prompt=job["prompt"])
+
+      full = median_seconds(decode(job["new"]), 1, timing["decode_steps"])
+      prefill = median_seconds(decode(1), 1, timing["decode_steps"])
+      out[job["name"]] = decode_result(full, prefill, job["batch"], job["new"])
+    print(f"  torch {job['name']} ({time.perf_counter() - t0:.0f} s): {out[job['name']]}", file=sys.stderr,
+          flush=True)
+  return out
+
+
+def worker_main(a):
+  with open(a.plan) as f:
+    p = json.load(f)
+  if a.worker == "xlt":
+    import jax
+    import jaxlib
+    import flax
+    import optax
+
+    versions = {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
+                "optax": optax.__version__}
+    threads = f"XLA default ({os.cpu_count()} cores)"
+    results = xlt_worker(p["jobs"], p["timing"])
+  else:
+    import torch
+
+    versions = {"torch": torch.__version__}
+    results = torch_worker(p["jobs"], p["timing"])
+    threads = f"torch.set_num_threads({torch.get_num_threads()})"
+  with open(a.out, "w") as f:
+    json.dump({"results": results, "versions": versions, "allocator": allocator(), "threads": threads}, f)
+
+
+# --- the parent: rounds, table, JSON ---
+
+def _busy_seconds() -> float:
+  """CPU seconds every process on the machine has used (all cores, /proc/stat), or 0."""
+  try:
+    with open("/proc/stat") as f:
+      user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+  except (OSError, ValueError):
+    return 0.0
+  return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def run_worker(impl: str, plan_path: str, tmp: str, round_: int) -> dict:
+  """Runs one worker; also measures how many cores *other* processes kept busy meanwhile
+  (all CPU time on the machine minus the worker's own), since a shared machine skews the
+  comparison: PyTorch's OpenMP threads, spinning at barriers, slow down far more than
+  XLA's thread pool when the cores are oversubscribed."""
+  out = os.path.join(tmp, f"{impl}_{round_}.json")
+  cmd = [sys.executable, os.path.abspath(__file__), "--worker", impl, "--plan", plan_path, "--out", out]
+  t0, busy0, own0 = time.perf_counter(), _busy_seconds(), sum(os.times()[2:4])
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+  wall = time.perf_counter() - t0
+  if proc.returncode:
+    sys.exit(f"the {impl} worker failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+  other = max(0.0, _busy_seconds() - busy0 - (sum(os.times()[2:4]) - own0)) / wall
+  print("".join(ln for ln in proc.stderr.splitlines(True) if ln.startswith(f"  {impl} ")), end="", file=sys.stderr)
+  print(f"round {round_ + 1} {impl}: {wall:.0f} s, other processes {other:.2f} cores", file=sys.stderr,
+        flush=True)
+  with open(out) as f:
+    return {**json.load(f), "wall_s": wall, "other_cores": other}
+
+
+def machine() -> dict:
+  model = "unknown CPU"
+  try:
+    with open("/proc/cpuinfo") as f:
+      model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+  except OSError:
+    pass
+  return {"cpu": model, "cores": os.cpu_count()}
+
+
+def version(pkg: str) -> str:
+  try:
+    return importlib.metadata.version(pkg)
+  except importlib.metadata.PackageNotFoundError:
+    return "not installed"
+
+
+def _fmt(x, unit=""):
+  return "–" if x is None else (f"{x:,.0f}{unit}" if x >= 100 else f"{x:.1f}{unit}")
+
+
+def _ratio(a, b):
+  return "–" if a is None or b is None else f"{a / b:.2f}"
+
+
+def table(report: dict) -> str:
+  rounds = report["rounds"]
+  get = lambda impl, name, key: [r[impl]["results"][name][key] for r in rounds if impl in r]
+  med = lambda xs: statistics.median(xs) if xs else None
+  per_round = lambda xs: " / ".join(_fmt(x) for x in xs) or "–"
+  info = {impl: rounds[0][impl] for impl in ("xlt", "torch") if impl in rounds[0]}
+  m, tm = report["machine"], report["timing"]
+  busy = any(r[k]["other_cores"] > 0.2 for r in rounds for k in r)
+  lines = [
+      f"## xlt vs PyTorch eager, {report['date']}",
+      "",
+      f"- machine: {m['cpu']}, {m['cores']} cores",
+      "- versions: " + ", ".join(f"{k} {v}" for i in info.values() for k, v in i["versions"].items()),
+      "- allocator: " + ", ".join(f"{'xlt' if k == 'xlt' else 'PyTorch'} {i['allocator']}" for k, i in info.items()),
+      "- threads: " + ", ".join(i["threads"] for i in info.values())
+      + "".join(f", {k}={os.environ[k]}" for k in ENV_SHOWN if os.environ.get(k)),
+      "- cores busy with other processes while each worker ran: " + ", ".join(
+          f"{'xlt' if k == 'xlt' else 'PyTorch'} " + " / ".join(f"{r[k]['other_cores']:.2f}" for r in rounds)
+          for k in info) + (f" (**not idle: {BUSY_WARNING}**)" if busy else ""),
+      f"- one full AdamW step; median of {tm['steps']} steps"
+      + (f" or more (≥{tm['min_seconds']:g} s timed)" if tm["min_seconds"] else "") + " after "
+      f"{tm['warmup']} warm-up; decoding: median of {tm['decode_steps']} after 1 warm-up; "
+      f"median of {len(rounds)} round(s), each implementation in its own process",
+      "",
+      "| shape | xlt tokens/s | PyTorch tokens/s | xlt / PyTorch | xlt per round | PyTorch per round |",
+      "|---|---|---|---|---|---|",
+  ]
+  jobs = {j["name"]: j for j in report["jobs"]}
+  for name, j in jobs.items():
+    if j["kind"] == "train":
+      x, t = get("xlt", name, "tokens_per_s"), get("torch", name, "tokens_per_s")
+      lines.append(f"| {j['label']} | {_fmt(med(x))} | {_fmt(med(t))} | {_ratio(med(x), med(t))} | "
+                   f"{per_round(x)} | {per_round(t)} |")
+  ens = jobs.get("ensemble")
+  if ens:
+    tog, sep, t = (get("xlt", "ensemble", "together"), get("xlt", "ensemble", "separate"),
+                   get("torch", "ensemble", "separate"))
+    lines.append(f"| {ens['label']}: xlt one vmapped step, PyTorch {ENSEMBLE} separate steps | {_fmt(med(tog))} | "
+                 f"{_fmt(med(t))} | {_ratio(med(tog), med(t))} | {per_round(tog)} | {per_round(t)} |")
+    lines.append(f"| {ens['label']}: {ENSEMBLE} separate steps in both | {_fmt(med(sep))} | {_fmt(med(t))} | "
+                 f"{_ratio(med(sep), med(t))} | {per_round(sep)} | {per_round(t)} |")
+    lines += ["", f"xlt ensemble, together / separate: **{_ratio(med(tog), med(sep))}×** "
+                  f"(per round: {' / '.join(_ratio(a, b) for a, b in zip(tog, sep))})"]
+  dec = jobs.get("decode")
+  if dec:
+    lines += ["", f"Greedy decoding with a KV cache, graph model, batch {dec['batch']}, "
+                  f"{dec['prompt']}-token prompt + {dec['new']} new tokens:", "",
+              "| | xlt | PyTorch | xlt speed / PyTorch | xlt per round | PyTorch per round |",
+              "|---|---|---|---|---|---|"]
+    for key, label, faster_is_lower in (("prefill_ms", "prefill, ms", True),
+                                        ("ms_per_token", "ms per new token", True),
+                                        ("new_tokens_per_s", "new tokens/s (prefill included)", False)):
+      x, t = get("xlt", "decode", key), get("torch", "decode", key)
+      ratio = _ratio(med(t), med(x)) if faster_is_lower else _ratio(med(x), med(t))
+      lines.append(f"| {label} | {_fmt(med(x))} | {_fmt(med(t))} | {ratio} | {per_round(x)} | {per_round(t)} |")
+  return "\n".join(lines)
+
+
+def main(a):
+  impls = ["xlt"] + (["torch"] if version("torch") != "not installed" else [])
+  if len(impls) == 1:
+    print("PyTorch is not installed (pip install -e '.[bench]'): measuring xlt only.", file=sys.stderr)
+  timing = (dict(steps=1, min_seconds=1.0, warmup=2, decode_steps=1) if a.quick else
+            dict(steps=a.steps, min_seconds=0.0, warmup=3, decode_steps=3))
+  rounds = a.rounds or (1 if a.quick else 2)
+  report = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": machine(),
+            "timing": timing, "jobs": plan(), "rounds": []}
+  if a.only:
+    names = a.only.split(",")
+    unknown = set(names) - {j["name"] for j in report["jobs"]}
+    if unknown:
+      sys.exit(f"unknown --only {sorted(unknown)}; jobs: {', '.join(j['name'] for j in report['jobs'])}")
+    report["jobs"] = [j for j in report["jobs"] if j["name"] in names]
+  with tempfile.TemporaryDirectory() as tmp:
+    plan_path = os.path.join(tmp, "plan.json")
+    with open(plan_path, "w") as f:
+      json.dump({k: report[k] for k in ("jobs", "timing")}, f)
+    for r in range(rounds):
+      order = impls if r % 2 == 0 else impls[::-1]
+      report["rounds"].append({impl: run_worker(impl, plan_path, tmp, r) for impl in order})
+  print(table(report))
+  if a.json:
+    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+    with open(a.json, "w") as f:
+      json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--quick", action="store_true", help="1 round, 2 warm-up steps, ~1 s timed per shape: a smoke test")
+  p.add_argument("--rounds", type=int, default=0, help="rounds per implementation (default 2, --quick 1)")
+  p.add_argument("--steps", type=int, default=10, help="timed training steps per shape and round")
+  p.add_argument("--only", default="", help="comma-separated job names, e.g. graph_29,decode")
+  p.add_argument("--json", default="", help="also write every number to this file")
+  p.add_argument("--worker", choices=("xlt", "torch"), help=argparse.SUPPRESS)
+  p.add_argument("--plan", help=argparse.SUPPRESS)
+  p.add_argument("--out", help=argparse.SUPPRESS)
+  args = p.parse_args()
+  if args.worker == "xlt":
+    try:  # as `python -m xlt.main` starts: maybe re-exec with a faster malloc, before jax loads
+      from xlt import allocator as _allocator
+    except ImportError:
+      _allocator = None
+    if _allocator is not None:
+      _allocator.preload()
+  (worker_main if args.worker else main)(args)
