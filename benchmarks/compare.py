@@ -19,8 +19,9 @@ What is measured:
     vocab 112, batch 64) at 29 and 128 tokens; addition `:cpu` (4 x 128, RoPE, vocab 32,
     batch 128, 13 tokens) and reference (12 x 128, 8 heads, batch 256, 32 tokens); the text
     proxy (model and batch read from configs/tinystories.py, block_size tokens).
-  * ensemble: 9 graph models (29 tokens) in one vmapped xlt step, vs the same 9 stepped one
-    after the other with the single-model step, and PyTorch's 9 separate steps.
+  * ensemble: 9 graph models (29 tokens) in one xlt step (the strategy `auto` picks for the
+    platform, xlt.ensemble: lax.map on CPU), the same with vmap, the same 9 stepped one after
+    the other with the single-model step, and PyTorch's 9 separate steps.
   * decoding: greedy with a KV cache, graph model, batch 512, 100-token prompt + 20 new
     tokens; xlt through xlt.evaluate.ensemble_decode (jitted, after warm-up). Prefill is the
     same call with 1 new token; ms per new token = (full - prefill) / 19; new tokens/s =
@@ -138,7 +139,7 @@ def xlt_worker(jobs, timing):
   import ml_collections
   import numpy as np
 
-  from xlt import evaluate, sharding
+  from xlt import ensemble, evaluate, sharding
   from xlt import model as model_lib
   from xlt import train as train_lib
 
@@ -148,12 +149,13 @@ def xlt_worker(jobs, timing):
 
   compiled = {}  # (cfg, ensemble) -> (step, state shardings): the ensemble job reuses graph_29's
 
-  def step_and_states(cfg, ensemble, copies=1):
+  def step_and_states(cfg, ensemble, copies=1, strategy="auto"):
     """xlt's jitted step for `ensemble` members, and `copies` independent states for it."""
-    if (cfg, ensemble) not in compiled:
+    if (cfg, ensemble, strategy) not in compiled:
       abstract = jax.eval_shape(lambda: train_lib.init_state(cfg, tx, list(range(ensemble))))
-      compiled[cfg, ensemble] = train_lib.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract)[:2]
-    step, st_sh = compiled[cfg, ensemble]
+      compiled[cfg, ensemble, strategy] = train_lib.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract,
+                                                              strategy=strategy)[:2]
+    step, st_sh = compiled[cfg, ensemble, strategy]
     with jax.set_mesh(mesh):
       init = jax.jit(lambda s: train_lib.init_state(cfg, tx, s), out_shardings=st_sh)
       states = [init(np.arange(ensemble) + ensemble * k) for k in range(copies)]
@@ -185,9 +187,12 @@ def xlt_worker(jobs, timing):
       e = job["members"]
       step, states = step_and_states(cfg, e)
       together = timed(step, states, batch_for(cfg, e, b, t))
+      step, states = step_and_states(cfg, e, strategy="vmap")
+      vmapped = timed(step, states, batch_for(cfg, e, b, t))
       step, states = step_and_states(cfg, 1, copies=e)
       separate = timed(step, states, batch_for(cfg, 1, b, t))
-      out[job["name"]] = {"together": e * b * t / together, "separate": e * b * t / separate}
+      out[job["name"]] = {"together": e * b * t / together, "vmap": e * b * t / vmapped,
+                          "separate": e * b * t / separate, "strategy": ensemble.resolve()}
     elif job["kind"] == "decode":
       params = jax.tree.map(lambda x: x[None], model_lib.init_params(cfg, jax.random.key(0)))
       prompts = rng.integers(0, cfg.vocab_size, (1, job["batch"], job["prompt"])).astype(np.int32)
@@ -370,14 +375,19 @@ def table(report: dict) -> str:
                    f"{per_round(x)} | {per_round(t)} |")
   ens = jobs.get("ensemble")
   if ens:
-    tog, sep, t = (get("xlt", "ensemble", "together"), get("xlt", "ensemble", "separate"),
-                   get("torch", "ensemble", "separate"))
-    lines.append(f"| {ens['label']}: xlt one vmapped step, PyTorch {ENSEMBLE} separate steps | {_fmt(med(tog))} | "
-                 f"{_fmt(med(t))} | {_ratio(med(tog), med(t))} | {per_round(tog)} | {per_round(t)} |")
+    tog, vm, sep, t = (get("xlt", "ensemble", "together"), get("xlt", "ensemble", "vmap"),
+                       get("xlt", "ensemble", "separate"), get("torch", "ensemble", "separate"))
+    strategy = get("xlt", "ensemble", "strategy")[0]
+    lines.append(f"| {ens['label']}: xlt one step ({strategy}, xlt's choice here), PyTorch {ENSEMBLE} separate "
+                 f"steps | {_fmt(med(tog))} | {_fmt(med(t))} | {_ratio(med(tog), med(t))} | {per_round(tog)} | "
+                 f"{per_round(t)} |")
+    lines.append(f"| {ens['label']}: xlt one vmapped step | {_fmt(med(vm))} | {_fmt(med(t))} | "
+                 f"{_ratio(med(vm), med(t))} | {per_round(vm)} | {per_round(t)} |")
     lines.append(f"| {ens['label']}: {ENSEMBLE} separate steps in both | {_fmt(med(sep))} | {_fmt(med(t))} | "
                  f"{_ratio(med(sep), med(t))} | {per_round(sep)} | {per_round(t)} |")
-    lines += ["", f"xlt ensemble, together / separate: **{_ratio(med(tog), med(sep))}×** "
-                  f"(per round: {' / '.join(_ratio(a, b) for a, b in zip(tog, sep))})"]
+    lines += ["", f"xlt ensemble, together ({strategy}) / separate: **{_ratio(med(tog), med(sep))}×** "
+                  f"(per round: {' / '.join(_ratio(a, b) for a, b in zip(tog, sep))}); vmap / separate: "
+                  f"{_ratio(med(vm), med(sep))}×"]
   dec = jobs.get("decode")
   if dec:
     lines += ["", f"Greedy decoding with a KV cache, graph model, batch {dec['batch']}, "

@@ -2,7 +2,7 @@ import jax
 import numpy as np
 import pytest
 
-from xlt import loop, model, sharding, transfer
+from xlt import ensemble, loop, model, sharding, transfer
 from xlt import train as train_lib
 from xlt.data import common
 
@@ -32,7 +32,9 @@ def test_training_lowers_the_loss(graph_config, tmp_path):
   assert out["finished"] and out["step"] == 60
 
 
-def test_ensemble_matches_separate_runs(graph_config, tmp_path):
+@pytest.mark.parametrize("strategy", ["vmap", "map"])
+def test_ensemble_matches_separate_runs(graph_config, tmp_path, strategy):
+  graph_config.train.ensemble = strategy
   cfg, members = _members(graph_config)
   together = loop.train_ensemble(graph_config, cfg, members, None, str(tmp_path / "both"), progress=False)
   for i, m in enumerate(members):
@@ -64,6 +66,17 @@ def test_sharded_step_equals_single_device(graph_config, mesh_spec):
   # and the parameters really are spread over the mesh
   kernel = s8["params"]["block_0"]["mlp"]["fc"]["kernel"]
   assert len(kernel.sharding.device_set) == 8
+
+
+def test_ensemble_strategy_per_platform():
+  assert ensemble.resolve("auto", "cpu") == "map" and ensemble.resolve("auto", "gpu") == "vmap"
+  assert ensemble.resolve("vmap", "cpu") == "vmap"
+  with pytest.raises(ValueError, match="ensemble strategy 'pmap'"):
+    ensemble.resolve("pmap")
+  f = lambda x, y: (x * y).sum()
+  x = np.arange(12.0).reshape(3, 4)
+  for s in ("vmap", "map"):
+    np.testing.assert_array_equal(ensemble.over_members(f, s)(x, x), (x * x).sum(1))
 
 
 def test_kill_and_resume_equals_uninterrupted(graph_config, tmp_path):

@@ -2,7 +2,8 @@
 
 Prompts of different lengths share one batch: the cache is prefilled up to the
 shortest prompt, then each step either copies the next prompt token (rows whose prompt
-is longer) or appends the model's argmax. Decoding is vmapped over the ensemble axis.
+is longer) or appends the model's argmax. Decoding maps over the ensemble axis
+(xlt.ensemble: lax.map on CPU, vmap on accelerators).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xlt import ensemble as ensemble_lib
 from xlt import model as model_lib
 
 
@@ -45,10 +47,10 @@ def greedy_decode(cfg: model_lib.Config, params, prompts_BxP, prompt_len_B, *, m
   return buf_BxL.at[:, last].set(jnp.where(last < prompt_len_B, buf_BxL[:, last], next_B))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "min_prompt"))
-def ensemble_decode(cfg, params, prompts_ExBxP, prompt_len_ExB, *, max_new, min_prompt):
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "min_prompt", "strategy"))
+def ensemble_decode(cfg, params, prompts_ExBxP, prompt_len_ExB, *, max_new, min_prompt, strategy="auto"):
   fn = functools.partial(greedy_decode, cfg, max_new=max_new, min_prompt=min_prompt)
-  return jax.vmap(fn)(params, prompts_ExBxP, prompt_len_ExB)
+  return ensemble_lib.over_members(fn, ensemble_lib.resolve(strategy))(params, prompts_ExBxP, prompt_len_ExB)
 
 
 def pad_prompts(prompt_ids: list[list[int]], batch: int) -> tuple[np.ndarray, np.ndarray]:

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xlt import ensemble as ensemble_lib
 from xlt import model as model_lib
 from xlt import train as train_lib
 
@@ -35,7 +36,7 @@ def _nll_sums(cfg, params, tokens_BxT, mask_BxT, members, *, ensemble):
     return fn(params)
   if members is not None:  # gather inside the jit: no eager per-leaf gathers
     params = jax.tree.map(lambda x: x[members], params)
-  return jax.vmap(fn)(params)
+  return ensemble_lib.over_members(fn, ensemble_lib.resolve())(params)
 
 
 def perplexity(cfg: model_lib.Config, params, tokens, loss_mask, batch: int,

@@ -16,12 +16,14 @@ import os
 import time
 from typing import Callable, Sequence
 
+from absl import logging
 import jax
 import numpy as np
 import optax
 from tqdm.auto import tqdm
 
 from xlt import checkpoint as ckpt_lib
+from xlt import ensemble as ensemble_lib
 from xlt import metrics as metrics_lib
 from xlt import model as model_lib
 from xlt import sharding
@@ -103,9 +105,14 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
     if jax.tree.map(lambda x: x.shape, init_params) != want:
       raise ValueError("init_params do not match the model config (one model per member, stacked)")
 
+  platform = mesh.devices.flat[0].platform
+  strategy = ensemble_lib.resolve(t.get("ensemble", "auto"), platform)
+  logging.info("training %d members together: %s over the ensemble axis on %s", len(members), strategy,
+               platform)
+
   @functools.lru_cache(maxsize=None)
   def step_for(n):  # one compiled step per ensemble size: stopped members drop out
-    return train_lib.make_step(model_cfg, tx, mesh, rules, abstract_state(n), accum, gated)[:2]
+    return train_lib.make_step(model_cfg, tx, mesh, rules, abstract_state(n), accum, gated, strategy)[:2]
 
   gated = any(m.trainable is not None for m in members)
   _, state_sh = step_for(len(members))

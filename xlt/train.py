@@ -2,7 +2,8 @@
 
 Small models underuse a machine, so xlt trains several models (seeds, and grid cells
 whose shapes agree) together: every leaf of the train state has a leading ensemble
-axis E, and the step is `jax.vmap` of the single-model step. E=1 is a plain run.
+axis E, and the step maps the single-model step over it (xlt.ensemble: vmap on
+accelerators, lax.map on CPU). E=1 is a plain run.
 
 Batches are dicts: tokens [E, B, T] int32 and loss_mask [E, B, T-1] float32 (1 on
 targets after the delimiter). The step takes any optax transformation, so a
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from xlt import ensemble as ensemble_lib
 from xlt import model as model_lib
 from xlt import sharding
 from xlt.merge.naming import path_names
@@ -140,19 +142,22 @@ def state_shardings(cfg: model_lib.Config, tx, mesh, rules, abstract_state):
 
 
 def make_step(cfg: model_lib.Config, tx, mesh, rules, abstract_state, accum: int = 1,
-              gated: bool = False):
-  """The jitted ensemble step with explicit in/out shardings; the state is donated."""
+              gated: bool = False, strategy: str = "auto"):
+  """The jitted ensemble step with explicit in/out shardings; the state is donated.
+  `strategy` (xlt.ensemble): how the members are computed; auto suits the mesh's platform."""
   st_sh = state_shardings(cfg, tx, mesh, rules, abstract_state)
   b_sh = {"tokens": sharding.batch_sharding(mesh, 3), "loss_mask": sharding.batch_sharding(mesh, 3)}
   if gated:  # partition training: [E, cells] flags per step
     b_sh["trainable"] = sharding.replicated(mesh)
-  step = jax.vmap(functools.partial(train_step, cfg=cfg, tx=tx, accum=accum))
+  strategy = ensemble_lib.resolve(strategy, mesh.devices.flat[0].platform)
+  step = ensemble_lib.over_members(functools.partial(train_step, cfg=cfg, tx=tx, accum=accum), strategy)
   rep = sharding.replicated(mesh)
   return jax.jit(step, in_shardings=(st_sh, b_sh), out_shardings=(st_sh, rep),
                  donate_argnums=0), st_sh, b_sh
 
 
-def eval_loss(cfg: model_lib.Config, params, batch):
+def eval_loss(cfg: model_lib.Config, params, batch, strategy: str = "auto"):
   """Mean masked loss of each ensemble member on a batch [E, B, T]."""
-  total, count = jax.vmap(functools.partial(loss_sums, cfg))(params, batch)
+  fn = ensemble_lib.over_members(functools.partial(loss_sums, cfg), ensemble_lib.resolve(strategy))
+  total, count = fn(params, batch)
   return total / jnp.maximum(count, 1.0)
