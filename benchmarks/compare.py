@@ -27,9 +27,8 @@ What is measured:
     same call with 1 new token; ms per new token = (full - prefill) / 19; new tokens/s =
     batch x 20 / full time (prefill included).
 
-How: xlt's step is xlt.train.make_step(make_optimizer(...)) on a 1-device mesh, as
-benchmarks/train_step.py builds it. Each implementation runs in its own subprocess (JAX
-and PyTorch never share a process's threads), rounds alternate between them (xlt first in
+How: xlt's step is xlt.train.make_step(make_optimizer(...)) on a 1-device mesh. Each
+implementation runs in its own subprocess (JAX and PyTorch never share a process's threads), rounds alternate between them (xlt first in
 even rounds, PyTorch first in odd ones, so a drift of the machine's speed hits both), each
 round takes the median over timed steps after warm-up, and the table reports the median
 over rounds. XLA:CPU uses every core; PyTorch gets torch.set_num_threads(os.cpu_count()).

@@ -1,5 +1,5 @@
-"""End to end: K seeds of an experiment trained together (one compiled, vmapped step) versus
-the same K seeds run one after the other, each its own `xlt.main` experiment.
+"""End to end: K seeds of an experiment trained together (one compiled step over the ensemble,
+xlt.ensemble) versus the same K seeds run one after the other, each its own `xlt.main` experiment.
 
   python benchmarks/grid_seeds.py                                   # graph.py, K=3, 300 steps
   python benchmarks/grid_seeds.py --config configs/addition.py:cpu --seeds 3 --steps 500
