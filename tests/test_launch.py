@@ -1,0 +1,165 @@
+"""The launch scripts: --help, --dry-run (the commands, in order, with no cloud tools
+installed), clear errors on missing arguments, the SLURM job script run against fake
+SLURM commands, and shellcheck when it is installed."""
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+
+import pytest
+
+from conftest import REPO
+
+LAUNCH = REPO / "launch"
+SCRIPTS = ("tpu.sh", "slurm.sh", "gpu.sh")
+EXAMPLES = {
+    "tpu.sh": ["--name", "xlt-v4", "--zone", "us-central2-b", "--config", "configs/graph.py",
+               "--workdir", "runs/graph"],
+    "slurm.sh": ["--nodes", "2", "--gpus-per-node", "4", "--config", "configs/graph.py", "--workdir", "runs/graph"],
+    "gpu.sh": ["--config", "configs/graph.py", "--workdir", "runs/graph"],
+}
+
+
+def launch(script, *args, env=None):
+  # An empty PATH apart from the basics: a dry run must not need gcloud, sbatch or ssh.
+  return subprocess.run(["bash", str(LAUNCH / script), *args], capture_output=True, text=True, timeout=60,
+                        env=env or {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")})
+
+
+def commands(out: str) -> list[str]:
+  return [line[2:] for line in out.splitlines() if line.startswith("+ ")]
+
+
+def first(lines: list[str], pattern: str) -> int:
+  hits = [i for i, line in enumerate(lines) if re.search(pattern, line)]
+  assert hits, f"no command matches {pattern!r} in:\n" + "\n".join(lines)
+  return hits[0]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_says_usage_needs_and_mesh_flags(script):
+  r = launch(script, "--help")
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.startswith(f"usage: launch/{script}")
+  for want in ("needs:", "mesh flags", "--config.mesh.data=-1", "--config.mesh.fsdp", "--dry-run"):
+    assert want in r.stdout, want
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_missing_required_argument_is_a_clear_error(script):
+  args = EXAMPLES[script]
+  without_config = [a for i, a in enumerate(args) if "--config" not in (a, args[i - 1] if i else "")]
+  r = launch(script, *without_config, "--dry-run")
+  assert r.returncode == 2
+  assert "missing required --config" in r.stderr and not r.stdout
+  r = launch(script, *args, "--no-such-flag", "--dry-run")
+  assert r.returncode == 2 and "unknown argument '--no-such-flag'" in r.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_no_invented_repository_address(script):
+  text = (LAUNCH / script).read_text()
+  assert "git clone" not in text and "github.com" not in text
+
+
+def test_tpu_dry_run_creates_copies_installs_runs_copies_back_deletes():
+  r = launch("tpu.sh", *EXAMPLES["tpu.sh"], "--dry-run", "--", "--config.num_seeds=1")
+  assert r.returncode == 0, r.stderr
+  lines = commands(r.stdout)
+  order = [first(lines, r"tpu-vm create xlt-v4 --zone=us-central2-b --accelerator-type=v4-8"),
+           first(lines, r"git ls-files .*\| tar "),  # this checkout, not a clone
+           first(lines, r"tpu-vm scp \S+\.tar\.gz xlt-v4:xlt\.tar\.gz .*--worker=all"),
+           first(lines, r"tpu-vm ssh xlt-v4 .*--worker=all .*pip install .*jax\[tpu\].*pip install -q -e \."),
+           first(lines, r"tpu-vm ssh xlt-v4 .*--worker=all .*python3 -m xlt\.main --config=configs/graph\.py "
+                        r"--workdir=runs/graph --config\.num_seeds=1"),
+           first(lines, r"tpu-vm scp --recurse 'xlt-v4:~/xlt/runs/graph' runs/tpu_xlt-v4 .*--worker=0"),
+           first(lines, r"tpu-vm delete xlt-v4 --zone=us-central2-b --quiet")]
+  assert order == sorted(order) and len(set(order)) == 7, lines
+  assert lines[-1].startswith("gcloud compute tpus tpu-vm delete")
+  assert "coordinator" not in r.stdout  # TPU VMs find each other
+
+
+def test_tpu_keep_existing_and_bucket_workdir():
+  args = [a if a != "runs/graph" else "gs://bucket/graph" for a in EXAMPLES["tpu.sh"]]
+  r = launch("tpu.sh", *args, "--existing", "--keep", "--dry-run")
+  assert r.returncode == 0, r.stderr
+  lines = commands(r.stdout)
+  assert not any(" create " in l or " delete " in l for l in lines)
+  assert not any("--worker=0" in l for l in lines)  # nothing to copy back from a bucket
+  assert "results are in gs://bucket/graph" in r.stdout
+
+
+def sbatch_script(out: str) -> str:
+  return out.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0] + "\n"
+
+
+def test_slurm_dry_run_installs_then_submits_a_job_with_the_derived_flags():
+  r = launch("slurm.sh", *EXAMPLES["slurm.sh"], "--partition", "gpu", "--dry-run", "--", "--config.num_seeds=1")
+  assert r.returncode == 0, r.stderr
+  lines = commands(r.stdout)
+  assert first(lines, r"pip install .*jax\[cuda12\]") < first(lines, r"pip install -q -e ") < first(
+      lines, r"^sbatch runs/slurm/xlt\.sbatch$")
+  job = sbatch_script(r.stdout)
+  for want in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4",
+               "#SBATCH --partition=gpu", 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1',
+               "--coordinator_address=$XLT_COORDINATOR", "--num_processes=$SLURM_NTASKS",
+               "--process_id=$SLURM_PROCID", "srun "):
+    assert want in job, want
+
+
+def _fake(bin_dir, name, body):
+  path = bin_dir / name
+  path.write_text("#!/usr/bin/env bash\n" + body)
+  path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.mark.parametrize("per,gpu_env", [("node", None), ("gpu", "3")])
+def test_slurm_job_script_gives_each_process_its_rank(tmp_path, per, gpu_env):
+  """Runs the written job script with fake scontrol/srun/python: the flags xlt.main gets are
+  the first node's address, the task count and the task's rank."""
+  r = launch("slurm.sh", *EXAMPLES["slurm.sh"], "--per", per, "--port", "4321", "--venv", str(tmp_path / "venv"),
+             "--no-install", "--dry-run", "--", "--config.name=a b")
+  assert r.returncode == 0, r.stderr
+  bin_dir = tmp_path / "bin"
+  (tmp_path / "venv" / "bin").mkdir(parents=True)
+  (tmp_path / "venv" / "bin" / "activate").write_text("")
+  bin_dir.mkdir()
+  _fake(bin_dir, "scontrol", 'echo node-a; echo node-b\n')
+  # one task of the step: rank 3 of 8 (options before the command are srun's own)
+  _fake(bin_dir, "srun", 'while [[ "$1" == -* ]]; do shift; done\n'
+                         'SLURM_NTASKS=8 SLURM_PROCID=3 SLURM_LOCALID=3 "$@"\n')
+  _fake(bin_dir, "python", 'printf "%s\\n" "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}" "$@"\n')
+  job = tmp_path / "job.sbatch"
+  job.write_text(sbatch_script(r.stdout))
+  out = subprocess.run(["bash", str(job)], capture_output=True, text=True, timeout=60,
+                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "node-[a-b]"})
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.splitlines() == [
+      f"CUDA_VISIBLE_DEVICES={gpu_env or 'unset'}", "-m", "xlt.main", "--config=configs/graph.py",
+      "--workdir=runs/graph", "--config.name=a b", "--coordinator_address=node-a:4321", "--num_processes=8",
+      "--process_id=3"]
+
+
+def test_gpu_dry_run_local_and_over_ssh():
+  r = launch("gpu.sh", *EXAMPLES["gpu.sh"], "--dry-run", "--", "--config.mesh.devices=1")
+  assert r.returncode == 0, r.stderr
+  (line,) = commands(r.stdout)
+  assert re.search(r"python3 -m venv .*pip install -q -U \"jax\[cuda12\]\" && pip install -q -e \. && "
+                   r".*python -m xlt\.main --config=configs/graph\.py --workdir=runs/graph "
+                   r"--config\.mesh\.devices=1", line), line
+  r = launch("gpu.sh", *EXAMPLES["gpu.sh"], "--host", "me@gpu-box", "--dry-run")
+  assert r.returncode == 0, r.stderr
+  lines = commands(r.stdout)
+  order = [first(lines, r"git ls-files .*\| tar "), first(lines, r"^scp \S+ me@gpu-box:xlt\.tar\.gz"),
+           first(lines, r"^ssh me@gpu-box .*tar -xzf"), first(lines, r"^ssh me@gpu-box .*python -m xlt\.main"),
+           first(lines, r"^scp -r me@gpu-box:xlt/runs/graph runs/gpu_gpu-box$")]
+  assert order == sorted(order), lines
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_shellcheck():
+  r = subprocess.run(["shellcheck", "-x", *(f"launch/{s}" for s in SCRIPTS), "launch/common.sh"], cwd=REPO,
+                     capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stdout + r.stderr
