@@ -31,12 +31,13 @@ LAYERS, HEADS, WIDTH = 1, 2, 16
 BATCH, EVAL_EVERY = 8, 3
 """,
     "merging_walkthrough.ipynb": """
-SEEDS, DIGITS, BASE_STEPS, FINETUNE_STEPS = 1, 2, 6, 6
+SEEDS, DIGITS = 1, 2
 BINARY, UNARY, TARGET_IN_BASE = 40, 20, 10
-PRESETS, SWAPS = ('C',), ('1,1,0',)
+PRESETS, SWITCH, SWAPS = ('C',), (1,), ('1,1,1',)
 NUM_TEST = 16
 LAYERS, HEADS, WIDTH = 4, 2, 16
-BATCH, EVAL_EVERY = 8, 3
+BASE = dict(steps=6, batch_size=8, eval_every=3, checkpoint_every=3)
+FINETUNE = dict(steps=6, batch_size=8, eval_every=3, checkpoint_every=3, min_steps=0)
 """,
 }
 # How many figures each notebook shows, and what it must print (substrings of its text output).
@@ -44,7 +45,7 @@ FIGURES = {"graph_walkthrough.ipynb": 3, "addition_walkthrough.ipynb": 3, "mergi
 PRINTS = {
     "graph_walkthrough.ipynb": ["edge_plain:", "node_plain:", "parameters per model"],
     "addition_walkthrough.ipynb": ["standard:", "letter:", "roman:", "hex:", "exact match"],
-    "merging_walkthrough.ipynb": ["share", "layer swap", "goal"],
+    "merging_walkthrough.ipynb": ["share", "best on the goal", "distance to task expert"],
 }
 
 
