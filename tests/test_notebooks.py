@@ -31,9 +31,9 @@ LAYERS, HEADS, WIDTH = 1, 2, 16
 BATCH, EVAL_EVERY = 8, 3
 """,
     "merging_walkthrough.ipynb": """
-SEEDS, DIGITS = 1, 2
+SEEDS, DIGITS, OPS = 1, 2, ('add_one', 'max')
 BINARY, UNARY, TARGET_IN_BASE = 40, 20, 10
-PRESETS, SWITCH, SWAPS = ('C',), (1,), ('1,1,1',)
+PRESETS, SWITCH, SWAPS = ('C',), (1,), ('1,1,0',)
 NUM_TEST = 16
 LAYERS, HEADS, WIDTH = 4, 2, 16
 BASE = dict(steps=6, batch_size=8, eval_every=3, checkpoint_every=3)
