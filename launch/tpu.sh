@@ -24,7 +24,7 @@ options:
   --version VERSION    TPU software version (default tpu-ubuntu2204-base)
   --project PROJECT    gcloud project (default: gcloud's configured one)
   --results DIR        local directory for the copied-back workdir (default runs/tpu_NAME)
-  --existing           use an existing slice: do not create it
+  --existing           use an existing slice: neither create nor delete it
   --keep               do not delete the slice at the end
   --dry-run            print every command, run none (needs no gcloud)
   -h, --help           this text
@@ -111,7 +111,8 @@ run "${gcloud_tpu[@]}" ssh "$name" "${where[@]}" --worker=all \
 if [[ "$workdir" == gs://* ]]; then
   echo "tpu.sh: results are in $workdir"
 else
+  if [[ "$workdir" == /* ]]; then remote_workdir=$workdir; else remote_workdir="xlt/$workdir"; fi  # scp: relative to the home
   run mkdir -p "$results"
-  run "${gcloud_tpu[@]}" scp --recurse "$name:~/xlt/$workdir" "$results" "${where[@]}" --worker=0
+  run "${gcloud_tpu[@]}" scp --recurse "$name:$remote_workdir" "$results" "${where[@]}" --worker=0
   echo "tpu.sh: results in $results"
 fi

@@ -74,7 +74,7 @@ def test_tpu_dry_run_creates_copies_installs_runs_copies_back_deletes():
            first(lines, r"tpu-vm ssh xlt-v4 .*--worker=all .*pip install .*jax\[tpu\].*pip install -q -e \."),
            first(lines, r"tpu-vm ssh xlt-v4 .*--worker=all .*python3 -m xlt\.main --config=configs/graph\.py "
                         r"--workdir=runs/graph --config\.num_seeds=1"),
-           first(lines, r"tpu-vm scp --recurse 'xlt-v4:~/xlt/runs/graph' runs/tpu_xlt-v4 .*--worker=0"),
+           first(lines, r"tpu-vm scp --recurse xlt-v4:xlt/runs/graph runs/tpu_xlt-v4 .*--worker=0"),
            first(lines, r"tpu-vm delete xlt-v4 --zone=us-central2-b --quiet")]
   assert order == sorted(order) and len(set(order)) == 7, lines
   assert lines[-1].startswith("gcloud compute tpus tpu-vm delete")
