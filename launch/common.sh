@@ -2,6 +2,9 @@
 # Sourced by the launch scripts: every command goes through `run`, which prints it and,
 # unless dry_run=1, runs it; so --dry-run shows exactly what a real launch does.
 
+# set -e stops at a failed command; say which, so the stop is not silent.
+trap 'echo "${0##*/}: failed (exit $?): $BASH_COMMAND" >&2' ERR
+
 # One line per command, quoted (only where needed) so it can be pasted into a shell.
 show() {
   local arg out="+"

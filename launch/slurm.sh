@@ -15,7 +15,7 @@ runs/slurm/JOB.sbatch and submits it with sbatch. In the job, srun starts the pr
 each runs
   python -m xlt.main --config=CONFIG --workdir=DIR \
     --coordinator_address=FIRST_NODE:PORT --num_processes=$SLURM_NTASKS --process_id=$SLURM_PROCID
-with FIRST_NODE = `scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1`.
+with FIRST_NODE = the first of `scontrol show hostnames "$SLURM_JOB_NODELIST"`.
 
 required:
   --nodes N            number of nodes
@@ -111,8 +111,9 @@ $sbatch_options
 set -euo pipefail
 cd $(q "$repo")
 source $(q "$venv")/bin/activate
-# The allocation's first node coordinates; srun gives every process its rank.
-XLT_COORDINATOR=\"\$(scontrol show hostnames \"\$SLURM_JOB_NODELIST\" | head -n1):$port\"
+# The allocation's first node coordinates; srun gives every process its rank. (sed, not
+# head: head exits early, and with pipefail scontrol's SIGPIPE would fail the job.)
+XLT_COORDINATOR=\"\$(scontrol show hostnames \"\$SLURM_JOB_NODELIST\" | sed -n 1p):$port\"
 export XLT_COORDINATOR
 args=($(q --config="$config" --workdir="$workdir" "${extra[@]}"))
 srun --kill-on-bad-exit=1 bash -c '${one_gpu}exec python -m xlt.main \"\$@\" \\

@@ -103,7 +103,7 @@ def test_slurm_dry_run_installs_then_submits_a_job_with_the_derived_flags():
       lines, r"^sbatch runs/slurm/xlt\.sbatch$")
   job = sbatch_script(r.stdout)
   for want in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4",
-               "#SBATCH --partition=gpu", 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1',
+               "#SBATCH --partition=gpu", 'scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p',
                "--coordinator_address=$XLT_COORDINATOR", "--num_processes=$SLURM_NTASKS",
                "--process_id=$SLURM_PROCID", "srun "):
     assert want in job, want
@@ -126,7 +126,7 @@ def test_slurm_job_script_gives_each_process_its_rank(tmp_path, per, gpu_env):
   (tmp_path / "venv" / "bin").mkdir(parents=True)
   (tmp_path / "venv" / "bin" / "activate").write_text("")
   bin_dir.mkdir()
-  _fake(bin_dir, "scontrol", 'echo node-a; echo node-b\n')
+  _fake(bin_dir, "scontrol", 'echo node-a; for i in $(seq 20000); do echo node-$i; done\n')  # a large allocation
   # one task of the step: rank 3 of 8 (options before the command are srun's own)
   _fake(bin_dir, "srun", 'while [[ "$1" == -* ]]; do shift; done\n'
                          'SLURM_NTASKS=8 SLURM_PROCID=3 SLURM_LOCALID=3 "$@"\n')
@@ -163,3 +163,54 @@ def test_shellcheck():
   r = subprocess.run(["shellcheck", "-x", *(f"launch/{s}" for s in SCRIPTS), "launch/common.sh"], cwd=REPO,
                      capture_output=True, text=True, timeout=120)
   assert r.returncode == 0, r.stdout + r.stderr
+
+
+FAKE_GCLOUD = r'''
+echo "gcloud $*" >> "$LOG"
+shift 3  # compute tpus tpu-vm
+verb=$1; shift
+case "$verb" in
+  scp)
+    paths=()
+    for a in "$@"; do [[ "$a" == --* ]] || paths+=("$a"); done
+    src=${paths[0]} dst=${paths[1]}
+    if [[ "$src" == *:* ]]; then cp -r "$FAKE_HOME/${src#*:}" "$dst"; else cp "$src" "$FAKE_HOME/${dst#*:}"; fi ;;
+  ssh)
+    for a in "$@"; do
+      if [[ "$a" == --command=* ]]; then (cd "$FAKE_HOME" && HOME=$FAKE_HOME bash -c "${a#--command=}"); fi
+    done ;;
+esac
+'''
+FAKE_PYTHON = r'''
+echo "python3 $*" >> "$LOG"
+if [[ "$1 $2" == "-m xlt.main" ]]; then
+  for a in "$@"; do
+    if [[ "$a" == --workdir=* ]]; then mkdir -p "${a#--workdir=}" && echo "[]" > "${a#--workdir=}/results.json"; fi
+  done
+fi
+'''
+
+
+@pytest.mark.skipif(not (REPO / ".git").exists(), reason="tpu.sh ships the checkout's git-known files")
+def test_tpu_run_against_a_fake_gcloud_ships_the_checkout_and_brings_results_back(tmp_path):
+  """A real (not dry) run, where gcloud's ssh and scp act on a local folder standing in for
+  the workers: the checkout arrives unpacked, xlt.main runs in it with the given flags, and
+  the workdir comes back."""
+  bin_dir, home = tmp_path / "bin", tmp_path / "worker_home"
+  bin_dir.mkdir()
+  home.mkdir()
+  _fake(bin_dir, "gcloud", FAKE_GCLOUD)
+  _fake(bin_dir, "python3", FAKE_PYTHON)
+  env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "LOG": str(tmp_path / "log"),
+         "FAKE_HOME": str(home), "TMPDIR": str(tmp_path)}
+  r = launch("tpu.sh", *EXAMPLES["tpu.sh"], "--results", str(tmp_path / "results"), "--",
+             "--config.name=a b", env=env)
+  assert r.returncode == 0, r.stdout + r.stderr
+  assert (home / "xlt" / "xlt" / "main.py").read_bytes() == (REPO / "xlt" / "main.py").read_bytes()
+  assert (home / "xlt" / "launch" / "tpu.sh").exists() and not (home / "xlt" / ".git").exists()
+  assert (tmp_path / "results" / "graph" / "results.json").exists()
+  log = (tmp_path / "log").read_text().splitlines()
+  verbs = [line.split()[4] if line.startswith("gcloud") else line.split()[2] for line in log]
+  assert verbs == ["create", "scp", "ssh", "pip", "pip", "ssh", "xlt.main", "scp", "delete"], log
+  assert log[6] == "python3 -m xlt.main --config=configs/graph.py --workdir=runs/graph --config.name=a b"
+  assert not list(tmp_path.glob("xlt_checkout.*"))  # the local tarball is removed
