@@ -214,3 +214,49 @@ def test_tpu_run_against_a_fake_gcloud_ships_the_checkout_and_brings_results_bac
   assert verbs == ["create", "scp", "ssh", "pip", "pip", "ssh", "xlt.main", "scp", "delete"], log
   assert log[6] == "python3 -m xlt.main --config=configs/graph.py --workdir=runs/graph --config.name=a b"
   assert not list(tmp_path.glob("xlt_checkout.*"))  # the local tarball is removed
+
+
+FAKE_SSH = r'''
+echo "ssh $*" >> "$LOG"
+cd "$FAKE_HOME" && HOME=$FAKE_HOME bash -c "$2"
+'''
+FAKE_SCP = r'''
+echo "scp $*" >> "$LOG"
+[[ "$1" == -r ]] && shift
+if [[ "$1" == *:* ]]; then
+  src=${1#*:}; [[ "$src" == /* ]] || src="$FAKE_HOME/$src"; cp -r "$src" "$2"
+else
+  cp "$1" "$FAKE_HOME/${2#*:}"
+fi
+'''
+FAKE_VENV_PYTHON = r'''
+echo "python3 $*" >> "$LOG"
+if [[ "$1" == -m && "$2" == venv ]]; then mkdir -p "$3/bin" && : > "$3/bin/activate"; fi
+'''
+
+
+@pytest.mark.skipif(not (REPO / ".git").exists(), reason="gpu.sh --host ships the checkout's git-known files")
+@pytest.mark.parametrize("remote", [False, True])
+def test_gpu_run_against_fake_tools(tmp_path, remote):
+  """gpu.sh for real, with ssh/scp acting on a local folder and fake python3/pip/python:
+  venv, install, run with the flags given, results back."""
+  bin_dir, home = tmp_path / "bin", tmp_path / "host_home"
+  bin_dir.mkdir()
+  home.mkdir()
+  for name, body in (("ssh", FAKE_SSH), ("scp", FAKE_SCP), ("python3", FAKE_VENV_PYTHON),
+                     ("pip", 'echo "pip $*" >> "$LOG"\n'), ("python", FAKE_PYTHON.replace("python3", "python"))):
+    _fake(bin_dir, name, body)
+  env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home if not remote else tmp_path), "LOG": str(tmp_path / "log"),
+         "FAKE_HOME": str(home), "TMPDIR": str(tmp_path)}
+  workdir = str(tmp_path / "run")
+  where = ["--host", "me@box", "--results", str(tmp_path / "results")] if remote else []
+  r = launch("gpu.sh", "--config", "configs/graph.py", "--workdir", workdir, *where, "--", "--config.seed=1", env=env)
+  assert r.returncode == 0, r.stdout + r.stderr
+  log = (tmp_path / "log").read_text().splitlines()
+  assert [l for l in log if not l.startswith(("ssh", "scp"))] == [
+      f"python3 -m venv {home}/xlt-venv", "pip install -q -U jax[cuda12]", "pip install -q -e .",
+      f"python -m xlt.main --config=configs/graph.py --workdir={workdir} --config.seed=1"]
+  assert (tmp_path / "run" / "results.json").exists()
+  if remote:
+    assert (home / "xlt" / "xlt" / "main.py").exists()
+    assert (tmp_path / "results" / "run" / "results.json").exists()
