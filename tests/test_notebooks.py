@@ -78,9 +78,44 @@ def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch):
   assert len(pngs) >= FIGURES[name], f"{len(pngs)} figures shown"
   assert all(base64.b64decode(p.data["image/png"]).startswith(b"\x89PNG") for p in pngs)
   text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outs)
-  for want in PRINTS[name]:
+  for want in PRINTS[name] + [f"xlt checkout: {REPO}"]:  # this checkout, found from colabs/
     assert want in text, want
   assert (tmp_path / "results.json").exists() or any(tmp_path.glob("*/results.json"))  # trained in WORKDIR
+
+
+def test_every_notebook_is_tested():
+  assert sorted(p.name for p in COLABS.glob("*.ipynb")) == sorted(SMALL)
+
+
+def parameters(name) -> dict:
+  nb = nbformat.read(COLABS / name, as_version=4)
+  (cell,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+  values = {}
+  exec(cell.source, values)
+  return values
+
+
+def test_default_parameters_are_the_configs_full_sizes():
+  from configs import addition, addition_sweep, addition_table2, graph, merge
+
+  p, c = parameters("graph_walkthrough.ipynb"), graph.get_config()
+  assert (p["SEEDS"], p["STEPS"], p["SOURCE_SAMPLES"], p["TARGET_SAMPLES"], p["TEST_PAIRS"]) == (
+      c.num_seeds, c.train.steps, c.mixture.source_samples, c.mixture.target_samples, c.graph.num_test_pairs)
+  assert (p["LAYERS"], p["HEADS"], p["WIDTH"]) == (c.model.num_layers, c.model.num_heads, c.model.d_model)
+  p, c = parameters("addition_walkthrough.ipynb"), addition.get_config("cpu")
+  assert tuple(p["SWEEP_SAMPLES"]) == tuple(addition_sweep.get_config("cpu").sweep.samples)
+  assert set(p["PAIRS"]) <= {g["name"] for g in addition_table2.get_config("cpu").grid} and p["PAIR_SAMPLES"] is None
+  assert (p["DIGITS"], p["STEPS"], p["PAIR_SEEDS"], p["NUM_TEST"], p["BATCH"]) == (
+      c.addition.max_digits, c.train.steps, c.num_seeds, c.addition.num_test, c.train.batch_size)
+  assert (p["LAYERS"], p["HEADS"], p["WIDTH"]) == (c.model.num_layers, c.model.num_heads, c.model.d_model)
+  p, c = parameters("merging_walkthrough.ipynb"), merge.get_config()
+  assert (p["SEEDS"], p["OPS"], p["PRESETS"], p["SWAPS"], p["NUM_TEST"]) == (
+      c.num_seeds, tuple(c.other_ops), tuple(c.partition.presets), tuple(c.merge.swaps), c.arithmetic.num_test)
+  assert c.data.base == merge.parts(p["OPS"], "standard", p["BINARY"], p["UNARY"]) + merge.parts(
+      p["OPS"], "letter", p["TARGET_IN_BASE"], p["TARGET_IN_BASE"])
+  assert all(c.base.train[k] == v for k, v in p["BASE"].items())
+  assert all(c.finetune.train[k] == v for k, v in p["FINETUNE"].items())
+  assert (p["LAYERS"], p["HEADS"], p["WIDTH"]) == (c.model.num_layers, c.model.num_heads, c.model.d_model)
 
 
 def test_notebooks_are_committed_without_outputs():
