@@ -17,8 +17,11 @@ required:
   --name NAME          TPU VM name
   --zone ZONE          e.g. us-central2-b
   --config CONFIG      config file relative to the checkout, e.g. configs/graph.py or configs/addition.py:cpu
-  --workdir DIR        workdir on the workers: a path relative to the checkout, or gs://bucket/dir.
-                       A multi-host slice (v4-16 and up) must use gs://: each worker sees only its own disk.
+  --workdir DIR        workdir on the workers, relative to the checkout (~/xlt) or absolute. A
+                       multi-host slice (v4-16 and up) needs an absolute path on a filesystem all
+                       workers share (e.g. one bucket mounted with gcsfuse at the same path on
+                       each): each worker sees only its own disk, and xlt writes workdirs with
+                       plain file I/O, so gs:// URLs do not work.
 options:
   --accelerator TYPE   accelerator type (default v4-8)
   --version VERSION    TPU software version (default tpu-ubuntu2204-base)
@@ -108,11 +111,7 @@ run "${gcloud_tpu[@]}" ssh "$name" "${where[@]}" --worker=all \
 run "${gcloud_tpu[@]}" ssh "$name" "${where[@]}" --worker=all \
   --command="cd ~/xlt && python3 -m xlt.main $main_args"
 
-if [[ "$workdir" == gs://* ]]; then
-  echo "tpu.sh: results are in $workdir"
-else
-  if [[ "$workdir" == /* ]]; then remote_workdir=$workdir; else remote_workdir="xlt/$workdir"; fi  # scp: relative to the home
-  run mkdir -p "$results"
-  run "${gcloud_tpu[@]}" scp --recurse "$name:$remote_workdir" "$results" "${where[@]}" --worker=0
-  echo "tpu.sh: results in $results"
-fi
+if [[ "$workdir" == /* ]]; then remote_workdir=$workdir; else remote_workdir="xlt/$workdir"; fi  # scp: relative to the home
+run mkdir -p "$results"
+run "${gcloud_tpu[@]}" scp --recurse "$name:$remote_workdir" "$results" "${where[@]}" --worker=0
+echo "tpu.sh: results in $results"

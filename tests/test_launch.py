@@ -81,14 +81,14 @@ def test_tpu_dry_run_creates_copies_installs_runs_copies_back_deletes():
   assert "coordinator" not in r.stdout  # TPU VMs find each other
 
 
-def test_tpu_keep_existing_and_bucket_workdir():
-  args = [a if a != "runs/graph" else "gs://bucket/graph" for a in EXAMPLES["tpu.sh"]]
+def test_tpu_keep_existing_and_absolute_workdir():
+  args = [a if a != "runs/graph" else "/mnt/shared/graph" for a in EXAMPLES["tpu.sh"]]
   r = launch("tpu.sh", *args, "--existing", "--keep", "--dry-run")
   assert r.returncode == 0, r.stderr
   lines = commands(r.stdout)
   assert not any(" create " in l or " delete " in l for l in lines)
-  assert not any("--worker=0" in l for l in lines)  # nothing to copy back from a bucket
-  assert "results are in gs://bucket/graph" in r.stdout
+  assert any(re.search(r"--workdir=/mnt/shared/graph", l) for l in lines)
+  assert "tpu-vm scp --recurse xlt-v4:/mnt/shared/graph runs/tpu_xlt-v4 --zone=us-central2-b --worker=0" in lines
 
 
 def sbatch_script(out: str) -> str:
