@@ -88,7 +88,7 @@ def test_tpu_keep_existing_and_absolute_workdir():
   lines = commands(r.stdout)
   assert not any(" create " in l or " delete " in l for l in lines)
   assert any(re.search(r"--workdir=/mnt/shared/graph", l) for l in lines)
-  assert "tpu-vm scp --recurse xlt-v4:/mnt/shared/graph runs/tpu_xlt-v4 --zone=us-central2-b --worker=0" in lines
+  assert "gcloud compute tpus tpu-vm scp --recurse xlt-v4:/mnt/shared/graph runs/tpu_xlt-v4 --zone=us-central2-b --worker=0" in lines
 
 
 def sbatch_script(out: str) -> str:
