@@ -95,12 +95,14 @@ def table(rows: list[dict], metric: str, name: str, sweep: bool) -> str:
 
 def plot_curves(path: str, curves: dict[str, list[tuple[int, float]]], ylabel: str):
   """One line per run: held-out score over training steps."""
-  import matplotlib
+  # The Agg canvas without pyplot: draws off-screen and leaves the caller's backend alone
+  # (matplotlib.use("Agg") here would stop a notebook's plt.show() from showing anything).
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  fig = Figure(figsize=(7, 4.5))
+  FigureCanvasAgg(fig)
+  ax = fig.add_subplot()
   for name, pts in curves.items():
     if pts:
       xs, ys = zip(*pts)
@@ -112,5 +114,4 @@ def plot_curves(path: str, curves: dict[str, list[tuple[int, float]]], ylabel: s
   fig.tight_layout()
   tmp = path + ".tmp.png"
   fig.savefig(tmp, dpi=120)
-  plt.close(fig)
   os.replace(tmp, path)
