@@ -12,6 +12,7 @@ pytree. Paths are read through a `Naming` (`XLT` for xlt.model's GPT); every mer
   swap.py     layer swapping with transition zones
   combine.py  soup, magnitude weights, task arithmetic, TIES, DARE, row sparsification
   maet.py     MAET (ability extraction and transfer)
+  files.py    safetensors checkpoints read / written one tensor at a time; merges of files
   analysis.py per-block share of changed rows, heatmap
 """
 
@@ -19,11 +20,12 @@ from xlt.merge.analysis import default_threshold, plot_row_change, row_change
 from xlt.merge.combine import dare, magnitude_weights, soup, sparsify_rows, task_arithmetic, ties
 from xlt.merge.core import check_compatible, delta, mean_abs_rows
 from xlt.merge.maet import maet
-from xlt.merge.naming import XLT, Naming, path_names, path_str
+from xlt.merge.files import load, merge_files, save
+from xlt.merge.naming import HF, XLT, Naming, naming_for, path_names, path_str
 from xlt.merge.swap import layer_swap, swap_plan
 
 __all__ = [
-    "XLT", "Naming", "check_compatible", "dare", "default_threshold", "delta", "layer_swap",
-    "maet", "magnitude_weights", "mean_abs_rows", "path_names", "path_str", "plot_row_change",
-    "row_change", "soup", "sparsify_rows", "swap_plan", "task_arithmetic", "ties",
+    "HF", "XLT", "Naming", "check_compatible", "dare", "default_threshold", "delta", "layer_swap",
+    "load", "maet", "magnitude_weights", "mean_abs_rows", "merge_files", "naming_for", "path_names", "path_str", "plot_row_change",
+    "row_change", "save", "soup", "sparsify_rows", "swap_plan", "task_arithmetic", "ties",
 ]
