@@ -203,6 +203,9 @@ def logical_axes(cfg: Config):
 
 
 def apply(cfg: Config, params, tokens_BxT, cache=None, pos=0):
+  if isinstance(params, dict) and set(params) == {"base", "lora"}:  # a LoRA composite (xlt.lora)
+    from xlt import lora
+    return lora.apply(cfg, params, tokens_BxT, cache, pos)
   return GPT(cfg).apply({"params": params}, tokens_BxT, cache, pos)
 
 
