@@ -73,9 +73,9 @@ def test_training_moves_only_the_adapters():
   # partial LoRA on the task partition of [C] (bottom 1, top 1): blocks 1 and 2 only
   assert sorted(k for k in adapters if k != "scale") == ["block_1", "block_2"]
   composite = {"base": params, "lora": adapters}
-  tx = lora.optimizer(opt_config(), composite)
-  state = {"step": jnp.zeros((), jnp.int32), "params": composite, "opt_state": tx.init(composite),
-           "active": jnp.ones((), bool)}
+  tx = train.make_optimizer(opt_config())  # any optax transformation: it sees the adapters only
+  state = train.init_state(CFG, tx, [0], jax.tree.map(lambda x: x[None], composite))
+  state = jax.tree.map(lambda x: x[0], state)
   # no optimizer state of the size of the base: Adam's moments cover the adapters only
   state_size = sum(np.size(x) for x in jax.tree.leaves(state["opt_state"]))
   assert state_size <= 2 * lora.num_params(adapters) + 4

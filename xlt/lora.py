@@ -10,12 +10,13 @@ units), so a [D, 3, H, K] qkv kernel has in = D, out = 3HK. The adapted kernel i
 W + s * (b @ a) in the [out, in] view (`merge_into`), and the adapter forward adds
 s * (x @ a^T) @ b^T beside the frozen base projection without forming that sum (`apply`).
 b starts at zero, so a fresh adapter changes nothing. The scale is a leaf so an adapter
-checkpoint says alone how to apply it; `optimizer` never trains it.
+checkpoint says alone how to apply it; it is never trained.
 
 Training a LoRA model trains the *composite* {"base": params, "lora": adapters}:
-`xlt.model.apply` runs the adapter forward for it, and `optimizer` freezes the base and
-the scale (optax.set_to_zero: no optimizer state, updates exactly zero, so the base stays
-bit for bit). Partial LoRA = adapters only on some labels of a partition (`init(...,
+`xlt.model.apply` runs the adapter forward for it, and the train step differentiates and
+updates only the adapters (`split`): the base and the scale get no gradient, no optimizer
+state and no update, so they stay bit for bit, and any optax transformation (xlt's AdamW,
+a gated partition optimizer over the adapters' labels) trains the adapters. Partial LoRA = adapters only on some labels of a partition (`init(...,
 labels=..., trainable=...)`); a kernel with no adapter is frozen, as is every norm,
 bias, embedding and the head.
 """
@@ -28,10 +29,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from xlt import model as model_lib
-from xlt import train as train_lib
 from xlt.merge import files
 from xlt.merge.naming import XLT, path_names, path_str
 
@@ -164,18 +163,16 @@ def apply(cfg: model_lib.Config, composite, tokens_BxT, cache=None, pos=0):
     return model_lib.GPT(cfg).apply({"params": base}, tokens_BxT, cache, pos)
 
 
-def composite_labels(composite, frozen: str = "frozen"):
-  """The label tree of a composite: `frozen` on the base and the scale, "lora" on a / b."""
-  return {"base": jax.tree.map(lambda _: frozen, composite["base"]),
-          "lora": jax.tree_util.tree_map_with_path(
-              lambda p, _: "lora" if path_names(p)[-1] in ("a", "b") else frozen, composite["lora"])}
-
-
-def optimizer(opt_config, composite) -> optax.GradientTransformation:
-  """xlt's optimizer (clip included) on the adapters only; the base and the scale get
-  set_to_zero (no state, exact zero updates). `composite` may be shapes (eval_shape)."""
-  return optax.multi_transform({"lora": train_lib.make_optimizer(opt_config), "frozen": optax.set_to_zero()},
-                               composite_labels(composite))
+def split(params):
+  """(the trainable part, rebuild): for a composite the adapters without their scale,
+  and a function that puts trained adapters back beside the untouched base and scale;
+  plain parameters are all trainable. The train step differentiates and updates only the
+  trainable part, so the base gets no gradient, no optimizer state and no update."""
+  if not is_composite(params):
+    return params, lambda trained: trained
+  adapters = dict(params["lora"])
+  s = adapters.pop("scale")
+  return adapters, lambda trained: {"base": params["base"], "lora": {**trained, "scale": s}}
 
 
 def save(adapters, file: str) -> None:

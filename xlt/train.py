@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from xlt import lora as lora_lib
 from xlt import model as model_lib
 from xlt import sharding
 from xlt.merge.naming import path_names
@@ -65,12 +66,13 @@ def loss_sums(cfg: model_lib.Config, params, batch) -> tuple[jax.Array, jax.Arra
   return (ce_BxT * mask_BxT).sum(), mask_BxT.sum()
 
 
-def _grads(cfg, params, batch, accum: int):
-  """Mean masked loss and its gradient; with `accum` > 1 the batch is split into
-  micro-batches under `lax.scan` (same result, a fraction of the activation memory)."""
+def _grads(cfg, params, batch, accum: int, rebuild=lambda p: p):
+  """Mean masked loss and its gradient with respect to `params` (the model is
+  `rebuild(params)`); with `accum` > 1 the batch is split into micro-batches under
+  `lax.scan` (same result, a fraction of the activation memory)."""
 
   def sums(p, b):
-    return loss_sums(cfg, p, b)
+    return loss_sums(cfg, rebuild(p), b)
 
   grad_fn = jax.value_and_grad(sums, has_aux=True)
   if accum == 1:
@@ -94,9 +96,11 @@ def train_step(state: State, batch, *, cfg, tx, accum: int = 1):
   `trainable` flags (partition training) passes them to the gated optimizer."""
   extra = {"trainable": batch["trainable"]} if "trainable" in batch else {}
   batch = {k: batch[k] for k in ("tokens", "loss_mask")}
-  loss, grads = _grads(cfg, state["params"], batch, accum)
-  updates, opt_state = tx.update(grads, state["opt_state"], state["params"], **extra)
-  new = {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
+  # a LoRA composite trains its adapters only (xlt.lora.split); plain params train whole
+  trained, rebuild = lora_lib.split(state["params"])
+  loss, grads = _grads(cfg, trained, batch, accum, rebuild)
+  updates, opt_state = tx.update(grads, state["opt_state"], trained, **extra)
+  new = {"step": state["step"] + 1, "params": rebuild(optax.apply_updates(trained, updates)),
          "opt_state": opt_state, "active": state["active"]}
   return new, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
@@ -108,7 +112,7 @@ def init_state(cfg: model_lib.Config, tx, seeds, params=None) -> State:
   def one(seed, params):
     if params is None:
       params = model_lib.init_params(cfg, jax.random.key(seed))
-    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(lora_lib.split(params)[0]),
             "active": jnp.ones((), bool)}
 
   return jax.vmap(one)(jnp.asarray(seeds, jnp.uint32), params)
@@ -118,8 +122,10 @@ def state_shardings(cfg: model_lib.Config, tx, mesh, rules, abstract_state):
   """Shardings for the stacked state: parameter-shaped optimizer leaves follow the
   parameter's sharding, everything else is replicated."""
   param_sh = sharding.param_shardings(model_lib.logical_axes(cfg), mesh, rules)
-  sharding.check_divisible(abstract_state["params"], param_sh)
   rep = sharding.replicated(mesh)
+  if lora_lib.is_composite(abstract_state["params"]):  # adapters are small: replicated
+    param_sh = {"base": param_sh, "lora": jax.tree.map(lambda _: rep, abstract_state["params"]["lora"])}
+  sharding.check_divisible(abstract_state["params"], param_sh)
   # optax states hold parameter-shaped copies (Adam's mu and nu, also inside the masked
   # states of a partitioned optimizer) whose key path ends with the parameter's path: those
   # follow the parameter's sharding; counts and other leaves are replicated.
