@@ -25,6 +25,7 @@ from xlt import checkpoint as ckpt_lib
 from xlt import lora as lora_lib
 from xlt import metrics as metrics_lib
 from xlt import model as model_lib
+from xlt import neurons as neurons_lib
 from xlt import sharding
 from xlt import train as train_lib
 from xlt.data import pipeline
@@ -104,7 +105,8 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
   if init_params is not None:
     want = jax.eval_shape(lambda: jax.vmap(lambda k: model_lib.init_params(model_cfg, k))(
         jax.random.split(jax.random.key(0), len(members))))
-    base = init_params["base"] if lora_lib.is_composite(init_params) else init_params
+    base = (init_params["base"] if lora_lib.is_composite(init_params) else
+            init_params["params"] if neurons_lib.is_composite(init_params) else init_params)
     if jax.tree.map(lambda x: x.shape, base) != jax.tree.map(lambda x: x.shape, want):
       raise ValueError("init_params do not match the model config (one model per member, stacked)")
 

@@ -21,6 +21,7 @@ import optax
 
 from xlt import lora as lora_lib
 from xlt import model as model_lib
+from xlt import neurons as neurons_lib
 from xlt import sharding
 from xlt.merge.naming import path_names
 
@@ -90,16 +91,26 @@ def _grads(cfg, params, batch, accum: int, rebuild=lambda p: p):
   return total / count, jax.tree.map(lambda x: x / count, g)
 
 
+def split(params):
+  """(what the optimizer trains, rebuild: trained -> the state's params, extra update
+  arguments). A LoRA composite trains its adapters only (xlt.lora); a neuron composite
+  trains its params and hands its mask to `neurons.masked` (xlt.neurons); plain params
+  train whole."""
+  if neurons_lib.is_composite(params):
+    return neurons_lib.split(params)
+  trained, rebuild = lora_lib.split(params)
+  return trained, rebuild, {}
+
+
 def train_step(state: State, batch, *, cfg, tx, accum: int = 1):
   """One model's step. (Members that stopped early never reach it: the loop drops them
   from the ensemble, and `active` only records which ones still train.) A batch with
   `trainable` flags (partition training) passes them to the gated optimizer."""
   extra = {"trainable": batch["trainable"]} if "trainable" in batch else {}
   batch = {k: batch[k] for k in ("tokens", "loss_mask")}
-  # a LoRA composite trains its adapters only (xlt.lora.split); plain params train whole
-  trained, rebuild = lora_lib.split(state["params"])
+  trained, rebuild, more = split(state["params"])
   loss, grads = _grads(cfg, trained, batch, accum, rebuild)
-  updates, opt_state = tx.update(grads, state["opt_state"], trained, **extra)
+  updates, opt_state = tx.update(grads, state["opt_state"], trained, **extra, **more)
   new = {"step": state["step"] + 1, "params": rebuild(optax.apply_updates(trained, updates)),
          "opt_state": opt_state, "active": state["active"]}
   return new, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
@@ -112,7 +123,7 @@ def init_state(cfg: model_lib.Config, tx, seeds, params=None) -> State:
   def one(seed, params):
     if params is None:
       params = model_lib.init_params(cfg, jax.random.key(seed))
-    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(lora_lib.split(params)[0]),
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(split(params)[0]),
             "active": jnp.ones((), bool)}
 
   return jax.vmap(one)(jnp.asarray(seeds, jnp.uint32), params)
@@ -125,6 +136,8 @@ def state_shardings(cfg: model_lib.Config, tx, mesh, rules, abstract_state):
   rep = sharding.replicated(mesh)
   if lora_lib.is_composite(abstract_state["params"]):  # adapters are small: replicated
     param_sh = {"base": param_sh, "lora": jax.tree.map(lambda _: rep, abstract_state["params"]["lora"])}
+  elif neurons_lib.is_composite(abstract_state["params"]):  # a mask is sharded as its parameter
+    param_sh = {"params": param_sh, neurons_lib.MASK_KEY: param_sh}
   sharding.check_divisible(abstract_state["params"], param_sh)
   # optax states hold parameter-shaped copies (Adam's mu and nu, also inside the masked
   # states of a partitioned optimizer) whose key path ends with the parameter's path: those
