@@ -177,6 +177,19 @@ def get_config():
       task_arithmetic=(0.5, 1.0), ties_density=0.2, dare_drop=0.5,
       maet=dict(alpha=0.8, beta=0.2, key_ratio=0.05, tensor_ratio=0.8, gamma=0.2, eta=1.0),
       heatmap_threshold=0.0))  # 0: merge.default_threshold (median row change)
+  # LoRA versions of the recipes (xlt.testbed_peft): rsLoRA rank 8, alpha 16 on every attn / mlp
+  # projection, a larger learning rate than full fine-tuning (adapters start at zero change)
+  c.lora = ml_collections.ConfigDict(dict(enabled=True, rank=8, alpha=16.0, presets=("C", "A_inv"),
+                                          simultaneous_presets=("C",), steps_per_switch=(1,), swaps=("2,1,0", "1,1,0")))
+  c.lora.train = common.train(batch_size=32, steps=800, eval_every=100, patience=3, min_steps=400,
+                              checkpoint_every=200)
+  c.lora.opt = common.opt(c.lora.train, peak_lr=2e-3, warmup_steps=50)
+  # MAET with trained neurons: short runs locate the top 5% rows (the paper's key neurons), then the
+  # ability and source-language models train on them only (c.finetune's budget)
+  c.maet_neurons = ml_collections.ConfigDict(dict(enabled=True, key_ratio=0.05))
+  c.maet_neurons.short = ml_collections.ConfigDict()
+  c.maet_neurons.short.train = common.train(batch_size=32, steps=100, eval_every=100, checkpoint_every=100)
+  c.maet_neurons.short.opt = common.opt(c.maet_neurons.short.train, peak_lr=3e-4, warmup_steps=10)
   c.eval = common.eval_(batch_size=512)
   c.mesh = common.mesh()
   return c
