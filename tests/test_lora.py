@@ -123,3 +123,35 @@ def test_bad_lora_arguments_fail_clearly():
   labels = partition.labels(params, partition.preset_rules("C", 4, 1, 1))
   with pytest.raises(ValueError, match=r"trainable labels \['ability'\] are not in the label tree"):
     lora.init(params, jax.random.key(0), rank=2, alpha=1.0, labels=labels, trainable="ability")
+
+
+def test_testbed_lora_compositions_take_the_right_adapters():
+  from configs import merge as merge_config
+  from xlt import testbed_peft
+
+  c = merge_config.get_config()
+  c.lora.presets, c.lora.swaps = ("C",), ("1,1,0",)
+  params = jax.tree.map(np.asarray, base())
+  names = [r.name for r in testbed_peft.lora_plan(c)]
+  assert names == ["LoRA task expert", "LoRA language expert", "partial LoRA task expert [C]",
+                   "partial LoRA language expert [C]", "simultaneous LoRA [C] k=1"]
+  adapters = {n: jax.tree.map(np.asarray, with_random_b(lora.init(params, jax.random.key(k), rank=2, alpha=4.0), k))
+              for k, n in enumerate(names)}
+  labels = partition.labels(params, partition.preset_rules("C", 4, 1, 1))
+  for name, keep in (("partial LoRA task expert [C]", "task"), ("partial LoRA language expert [C]", "language")):
+    trainable, rebuild = lora.split({"base": params, "lora": adapters[name]})
+    cells = testbed_peft.adapter_labels(trainable, labels)  # b = 0 outside the trained partition
+    adapters[name] = rebuild(jax.tree_util.tree_map_with_path(
+        lambda p, x, l: x if l == keep or path_names(p)[-1] == "a" else np.zeros_like(x), trainable, cells))["lora"]
+  models = testbed_peft.compose_lora(c, params, adapters)
+  task, lang = adapters["LoRA task expert"], adapters["LoRA language expert"]
+  swapped = models["LoRA layer swap b=1 u=1 t=0"]
+  for block, src in (("block_0", lang), ("block_1", task), ("block_2", task), ("block_3", lang)):
+    want = lora.merge_into(params, src)[block]
+    for x, y in zip(jax.tree.leaves(swapped[block]), jax.tree.leaves(want)):
+      np.testing.assert_array_equal(x, np.asarray(y))
+  both = models["LoRA freeze-then-train [C]"]
+  for block, src in (("block_0", "language"), ("block_1", "task"), ("block_3", "language")):
+    want = lora.merge_into(params, adapters[f"partial LoRA {src} expert [C]"])[block]
+    for x, y in zip(jax.tree.leaves(both[block]), jax.tree.leaves(want)):
+      np.testing.assert_allclose(x, np.asarray(y), atol=1e-6)
