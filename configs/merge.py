@@ -33,6 +33,16 @@ steps per switch); layer swapping over a grid; soups; task arithmetic; TIES; DAR
 language). All fine-tunes (16 recipes x 3 seeds) train as one ensemble under one gated
 optimizer; each member is tested at its best validation step.
 
+LoRA and trained-neuron rows (xlt/testbed_peft.py; `lora` and `maet_neurons` below, each
+with enabled=False to skip it): the LoRA versions of the recipes (rsLoRA rank 8 on every
+attn / mlp projection: LoRA task and language experts, LoRA layer swap b=2 u=1 and b=1 u=1
+of their adapters, partial LoRA experts and their freeze-then-train for [C] and [A_inv],
+simultaneous LoRA [C] k=1), trained as one more ensemble, and MAET with trained neurons
+(short runs of 100 steps locate the top 5% rows, the ability and source-language models
+train on those rows only, then MAET). Not run at full size yet: the rows of the table below
+are the full fine-tuning ones; run the command above to add them (mean +- std over seeds,
+beside the full fine-tuning rows).
+
 How the design was reached. The testbed must be discriminative (some method between the
 base's 0 and the task expert's own-language score). In one-seed design probes, three
 earlier designs left every method near 0 on the goal: target-language operands written in

@@ -9,7 +9,10 @@ Each input is a .safetensors file or a directory of shards. The output directory
 model.safetensors (the merge), delta_task_expert.png / delta_language_expert.png (the
 share of rows each expert changed, per block and tensor: the paper's figure 2) and
 summary.json. Tensors are read one at a time: peak memory is about one model (the merge)
-plus a few tensors. Other methods: soup, task_arithmetic, ties, dare, maet,
+plus a few tensors. Measured on this project's 2-core CPU (3 synthetic Llama-style
+checkpoints of 960 MiB, 14 blocks, float32): this config with bottom=5 top=2 and heatmaps,
+10 s and 1,138 MiB max RSS, of which 173 MiB is the interpreter and imports (growth 1.0x one
+checkpoint); TIES of two experts, 16 s, growth 1.3x. Other methods: soup, task_arithmetic, ties, dare, maet,
 sparsify_rows (inputs in xlt.merge.files.METHODS; options are the method's keywords).
 """
 
