@@ -16,9 +16,9 @@ Training a LoRA model trains the *composite* {"base": params, "lora": adapters}:
 `xlt.model.apply` runs the adapter forward for it, and the train step differentiates and
 updates only the adapters (`split`): the base and the scale get no gradient, no optimizer
 state and no update, so they stay bit for bit, and any optax transformation (xlt's AdamW,
-a gated partition optimizer over the adapters' labels) trains the adapters. Partial LoRA = adapters only on some labels of a partition (`init(...,
-labels=..., trainable=...)`); a kernel with no adapter is frozen, as is every norm,
-bias, embedding and the head.
+a gated partition optimizer over the adapters' labels) trains the adapters. Partial LoRA
+= adapters only on some labels of a partition (`init(..., labels=..., trainable=...)`);
+a kernel with no adapter is frozen, as is every norm, bias, embedding and the head.
 """
 
 from __future__ import annotations
