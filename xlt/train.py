@@ -144,6 +144,9 @@ def state_shardings(cfg: model_lib.Config, tx, mesh, rules, abstract_state):
   # follow the parameter's sharding; counts and other leaves are replicated.
   by_path = {path_names(p): (x.shape, sh) for (p, x), sh in zip(
       jax.tree_util.tree_flatten_with_path(abstract_state["params"])[0], jax.tree.leaves(param_sh))}
+  if lora_lib.is_composite(abstract_state["params"]) or neurons_lib.is_composite(abstract_state["params"]):
+    # the optimizer sees the composite's trainable part: its paths lack the first key
+    by_path |= {k[1:]: v for k, v in by_path.items()}
 
   def opt_leaf(path, x):
     names = path_names(path)
