@@ -172,3 +172,22 @@ def test_file_merge_peak_memory_is_about_one_model(tmp_path):
                          capture_output=True, text=True).stdout
     grew = json.loads(out.strip().splitlines()[-1])["grew_kib"]
     assert grew < 1.5 * size_kib, (method, grew, size_kib)
+
+
+def test_a_path_rule_is_a_naming_for_every_merge():
+  import re
+
+  def rule(path):  # a made-up format: enc.blk{i}.{attn,ffn}.w, emb, out
+    name = ".".join(path)
+    if m := re.match(r"enc\.blk(\d+)\.(attn|ffn)\.", name):
+      return int(m.group(1)), {"attn": "attn", "ffn": "mlp"}[m.group(2)]
+    return None, "embedding" if name == "emb" else "head"
+
+  custom = naming.from_rule(rule)
+  tree = lambda v: {"emb": np.full((4, 2), v, np.float32), "out": np.full((2, 4), v, np.float32),
+                    **{f"enc.blk{i}.{k}.w": np.full((3, 2), v, np.float32) for i in range(3) for k in ("attn", "ffn")}}
+  swapped = merge.layer_swap(tree(1.0), tree(2.0), bottom=1, top=1, non_block="task", naming=custom)
+  assert [float(swapped[f"enc.blk{i}.ffn.w"][0, 0]) for i in range(3)] == [2.0, 1.0, 2.0]
+  assert custom.local_name(("enc.blk2.attn.w",)) == "enc.blk{i}.attn.w"
+  change = merge.row_change(tree(1.0), tree(0.0), threshold=0.5, naming=custom)
+  assert change["columns"] == ["enc.blk{i}.attn.w", "enc.blk{i}.ffn.w"] and change["blocks"] == [0, 1, 2]

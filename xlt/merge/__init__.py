@@ -21,11 +21,11 @@ from xlt.merge.combine import dare, magnitude_weights, soup, sparsify_rows, task
 from xlt.merge.core import check_compatible, delta, mean_abs_rows
 from xlt.merge.maet import maet
 from xlt.merge.files import load, merge_files, save
-from xlt.merge.naming import HF, XLT, Naming, naming_for, path_names, path_str
+from xlt.merge.naming import HF, XLT, Naming, from_rule, naming_for, path_names, path_str
 from xlt.merge.swap import layer_swap, swap_plan
 
 __all__ = [
-    "HF", "XLT", "Naming", "check_compatible", "dare", "default_threshold", "delta", "layer_swap",
+    "HF", "XLT", "Naming", "check_compatible", "dare", "default_threshold", "delta", "from_rule", "layer_swap",
     "load", "maet", "magnitude_weights", "mean_abs_rows", "merge_files", "naming_for", "path_names", "path_str", "plot_row_change",
     "row_change", "save", "soup", "sparsify_rows", "swap_plan", "task_arithmetic", "ties",
 ]

@@ -203,6 +203,22 @@ def hf_local_name(path) -> str:
 
 
 HF = Naming("hf", hf_block_kind, hf_row_axes, hf_local_name)
+
+
+def from_rule(block_kind: Callable[[Path], tuple[int | None, str]], name: str = "custom") -> Naming:
+  """A Naming from a path -> (block, kind) rule alone, for a format neither XLT nor HF
+  knows: rows on axis 0 (torch's [out, in] weights and [V, D] tables; 1-D tensors are
+  one row), and a block parameter's local name is its path with the block index
+  replaced by "{i}", so block 3's "layers.3.attn.w" and block 5's "layers.5.attn.w" share
+  a heatmap column."""
+
+  def local_name(path) -> str:
+    text = ".".join(path_names(path))
+    block = block_kind(path)[0]
+    return text if block is None else re.sub(rf"(?<![0-9]){block}(?![0-9])", "{i}", text, count=1)
+
+  return Naming(name, lambda p: block_kind(path_names(p)), lambda p, shape: (0,) if len(shape) >= 2 else (),
+                local_name)
 NAMINGS = {"xlt": XLT, "hf": HF}
 
 
