@@ -91,6 +91,24 @@ def test_training_moves_only_the_adapters():
   assert np.abs(np.asarray(moved)).max() > 0
 
 
+def test_simultaneous_lora_alternates_the_partitions_adapters():
+  params = base()
+  kernel_labels = partition.labels(params, partition.preset_rules("C", 4, 1, 1))
+  composite = {"base": params, "lora": with_random_b(lora.init(params, jax.random.key(1), rank=2, alpha=4.0))}
+  trainable, _ = lora.split(composite)
+  labels = lora.labels(trainable, kernel_labels)
+  assert labels["block_0"]["mlp"]["fc"]["kernel"] == {"a": "language", "b": "language"}
+  assert labels["block_2"]["attn"]["qkv"]["kernel"]["b"] == "task"
+  tx = partition.alternating(opt_config(), labels, order=("task", "language"))
+  state = jax.tree.map(lambda x: x[0], train.init_state(CFG, tx, [0], jax.tree.map(lambda x: x[None], composite)))
+  batch = {"tokens": TOKENS, "loss_mask": jnp.ones((3, 5), jnp.float32)}
+  new, _ = jax.jit(lambda s, b: train.train_step(s, b, cfg=CFG, tx=tx))(state, batch)  # step 0: task's turn
+  old_ad, new_ad = composite["lora"], new["params"]["lora"]
+  for block, moved in (("block_0", False), ("block_1", True), ("block_2", True), ("block_3", False)):
+    same = all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(old_ad[block]), jax.tree.leaves(new_ad[block])))
+    assert same != moved, block
+
+
 def test_adapter_checkpoint_round_trip(tmp_path):
   params = base()
   adapters = with_random_b(lora.init(params, jax.random.key(1), rank=2, alpha=4.0))
@@ -140,7 +158,7 @@ def test_testbed_lora_compositions_take_the_right_adapters():
   labels = partition.labels(params, partition.preset_rules("C", 4, 1, 1))
   for name, keep in (("partial LoRA task expert [C]", "task"), ("partial LoRA language expert [C]", "language")):
     trainable, rebuild = lora.split({"base": params, "lora": adapters[name]})
-    cells = testbed_peft.adapter_labels(trainable, labels)  # b = 0 outside the trained partition
+    cells = lora.labels(trainable, labels)  # b = 0 outside the trained partition
     adapters[name] = rebuild(jax.tree_util.tree_map_with_path(
         lambda p, x, l: x if l == keep or path_names(p)[-1] == "a" else np.zeros_like(x), trainable, cells))["lora"]
   models = testbed_peft.compose_lora(c, params, adapters)

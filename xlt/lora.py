@@ -175,6 +175,15 @@ def split(params):
   return adapters, lambda trained: {"base": params["base"], "lora": {**trained, "scale": s}}
 
 
+def labels(adapters, kernel_labels):
+  """A label tree for the adapters (without their scale: `split`'s trainable part) from a
+  partition label tree of the model: each a / b takes its kernel's label. With it the
+  partition recipes run on adapters: `partition.alternating` (simultaneous LoRA),
+  `partition.gated_optimizer`, `partition.freeze`."""
+  by_path = {path_names(p): l for p, l in jax.tree_util.tree_flatten_with_path(kernel_labels)[0]}
+  return jax.tree_util.tree_map_with_path(lambda p, _: by_path[path_names(p)[:-1]], adapters)
+
+
 def save(adapters, file: str) -> None:
   """The adapters alone as a safetensors file ("block_0/attn/qkv/kernel/a", ..., "scale")."""
   files.save(jax.tree.map(np.asarray, adapters), file, {"format": "xlt-lora"})

@@ -98,12 +98,6 @@ def _stage(c, train, opt) -> ml_collections.ConfigDict:
   return s
 
 
-def adapter_labels(adapters, kernel_labels):
-  """The label tree of adapters without their scale: each a / b takes its kernel's label."""
-  by_path = {merge.path_names(p): l for p, l in jax.tree_util.tree_flatten_with_path(kernel_labels)[0]}
-  return jax.tree_util.tree_map_with_path(lambda p, _: by_path[merge.path_names(p)[:-1]], adapters)
-
-
 def train_lora(c, cfg, base, seeds, data, sets, val_score, workdir, *, stop_after=None, progress=True):
   """Stage 2b: every LoRA recipe x seed in one ensemble. Returns ({recipe name: [adapters
   per seed]}, loop output), or (None, out) when stopped early."""
@@ -115,7 +109,7 @@ def train_lora(c, cfg, base, seeds, data, sets, val_score, workdir, *, stop_afte
             for p in presets}
   adapters0 = lora.init(one, jax.random.key(0), rank=c.lora.rank, alpha=c.lora.alpha)
   trainable = lora.split({"base": one, "lora": adapters0})[0]
-  cell_tree, cells = partition.refine([adapter_labels(trainable, labels[p]) for p in presets])
+  cell_tree, cells = partition.refine([lora.labels(trainable, labels[p]) for p in presets])
   flags = lambda what: tuple(bool(f) for f in (np.ones(len(cells), bool) if what is ALL else
                                                partition.cells_of(presets.index(what[0]), what[1], cells)))
   members, init, member_sets = [], [], []
