@@ -36,7 +36,7 @@ def test_zero_b_equals_the_base_exactly():
   assert adapters["block_3"]["mlp"]["fc"]["kernel"]["b"].shape == (32, 2)
   assert "lm_head" not in adapters and "wte" not in adapters  # projections only
   want, _ = model.apply(CFG, params, TOKENS)
-  got, _ = model.apply(CFG, {"base": params, "lora": adapters}, TOKENS)
+  got, _ = lora.apply(CFG, {"base": params, "lora": adapters}, TOKENS)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   for w, m in zip(jax.tree.leaves(params), jax.tree.leaves(lora.merge_into(params, adapters))):
     np.testing.assert_array_equal(np.asarray(m), np.asarray(w))
@@ -46,7 +46,7 @@ def test_merged_in_lora_equals_the_adapter_forward():
   params = base()
   adapters = with_random_b(lora.init(params, jax.random.key(1), rank=3, alpha=2.0))
   merged = lora.merge_into(params, adapters)
-  want, _ = model.apply(CFG, {"base": params, "lora": adapters}, TOKENS)
+  want, _ = lora.apply(CFG, {"base": params, "lora": adapters}, TOKENS)
   got, _ = model.apply(CFG, merged, TOKENS)
   assert not np.allclose(np.asarray(want), np.asarray(model.apply(CFG, params, TOKENS)[0]), atol=1e-3)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
@@ -57,7 +57,7 @@ def test_merged_in_lora_equals_the_adapter_forward():
                              np.asarray(w + adapters["scale"] * (ab["b"] @ ab["a"]).T), atol=1e-6)
   # the KV-cache decoding path runs the adapters too
   cache = model.init_cache(CFG, 3, 8)
-  dec, _ = model.apply(CFG, {"base": params, "lora": adapters}, TOKENS, cache, 0)
+  dec, _ = lora.apply(CFG, {"base": params, "lora": adapters}, TOKENS, cache, 0)
   np.testing.assert_allclose(np.asarray(dec), np.asarray(want), atol=2e-5)
 
 

@@ -13,7 +13,7 @@ b starts at zero, so a fresh adapter changes nothing. The scale is a leaf so an 
 checkpoint says alone how to apply it; it is never trained.
 
 Training a LoRA model trains the *composite* {"base": params, "lora": adapters}:
-`xlt.model.apply` runs the adapter forward for it, and the train step differentiates and
+`xlt.train`'s loss runs the adapter forward for it, and the train step differentiates and
 updates only the adapters (`split`): the base and the scale get no gradient, no optimizer
 state and no update, so they stay bit for bit, and any optax transformation (xlt's AdamW,
 a gated partition optimizer over the adapters' labels) trains the adapters. Partial LoRA

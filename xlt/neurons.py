@@ -8,7 +8,7 @@ masks and rejects a leaf whose shape fits neither its tensor nor its rows.
 
 Training with a mask: the ensemble trains the *neuron composite* {"params": params,
 "neuron_mask": per-entry masks}, so every member carries its own mask (the train step
-hands it to the optimizer; `xlt.model.apply` runs the params), under `masked(tx)`: the
+hands it to the optimizer; the loss runs the params), under `masked(tx)`: the
 gradient is zeroed off the mask before `tx` (a clip sees only selected entries), the
 update is zero off the mask (no weight decay there either), and every optimizer-state
 leaf shaped like a parameter keeps its old value off the mask. Unselected entries and

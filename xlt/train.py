@@ -58,10 +58,20 @@ def make_optimizer(c) -> optax.GradientTransformation:
   return optax.chain(optax.clip_by_global_norm(c.clip), opt) if c.clip else opt
 
 
+def apply(cfg: model_lib.Config, params, tokens_BxT):
+  """`model.apply` of plain params or of a composite: a LoRA one runs the adapter forward
+  (xlt.lora), a neuron-masked one its params (xlt.neurons)."""
+  if lora_lib.is_composite(params):
+    return lora_lib.apply(cfg, params, tokens_BxT)
+  if neurons_lib.is_composite(params):
+    params = params["params"]
+  return model_lib.apply(cfg, params, tokens_BxT)
+
+
 def loss_sums(cfg: model_lib.Config, params, batch) -> tuple[jax.Array, jax.Array]:
   """(sum of masked token cross-entropies, number of masked tokens)."""
   tokens_BxT = batch["tokens"]
-  logits_BxTxV, _ = model_lib.apply(cfg, params, tokens_BxT[:, :-1])
+  logits_BxTxV, _ = apply(cfg, params, tokens_BxT[:, :-1])
   ce_BxT = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, tokens_BxT[:, 1:])
   mask_BxT = batch["loss_mask"]
   return (ce_BxT * mask_BxT).sum(), mask_BxT.sum()
