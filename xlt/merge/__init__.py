@@ -3,11 +3,12 @@ TIES, DARE, MAET, and the layer-swapping paper's analysis of where fine-tuning c
 model.
 
 Depends on numpy, jax.tree_util and the standard library only (matplotlib inside the
-plot function), never on the rest of xlt, so it merges any checkpoint that loads as a
-pytree. Paths are read through a `Naming` (`XLT` for xlt.model's GPT); every merge takes
-`naming=` so another format is one more `Naming`.
+plot function, safetensors when a file's tensor is read; `python -m xlt.merge` adds absl
+and ml_collections for its config), never on the rest of xlt, so it merges any checkpoint
+that loads as a pytree. Paths are read through a `Naming` (`XLT` for xlt.model's GPT, `HF` for Hugging
+Face names, `from_rule(path -> (block, kind))` for any other); every merge takes `naming=`.
 
-  naming.py   paths -> (block, kind), and the rows (neurons) of each tensor
+  naming.py   paths -> (block, kind), and the rows (neurons) of each tensor: XLT, HF, from_rule
   core.py     structure checks, leaf-wise maps, deltas, row magnitudes
   swap.py     layer swapping with transition zones
   combine.py  soup, magnitude weights, task arithmetic, TIES, DARE, row sparsification
