@@ -139,17 +139,24 @@ def test_unrecognised_checkpoint_and_bad_inputs_fail_clearly(tmp_path):
 
 
 PEAK = textwrap.dedent("""
-  import json, resource, sys
+  import json, sys
   import numpy as np
+  import safetensors
   from xlt.merge import files
   directory, method = sys.argv[1], sys.argv[2]
-  before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+  def kib(field):
+    return int(next(l for l in open("/proc/self/status") if l.startswith(field)).split()[1])
+
+  with open("/proc/self/clear_refs", "w") as f:  # resets the peak (VmHWM) to the current RSS:
+    f.write("5")                                  # the imports' own peak does not count
+  before = kib("VmRSS")
   inputs = ({"task_expert": directory + "/a.safetensors", "language_expert": directory + "/b.safetensors"}
             if method == "layer_swap" else
             {"base": directory + "/a.safetensors", "experts": [directory + "/b.safetensors"] * 2})
   options = {"bottom": 2, "top": 1, "lower_transition": 1} if method == "layer_swap" else {}
   files.merge_files(inputs, method, directory + "/out", options, heatmaps=False)
-  print(json.dumps({"grew_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before}))
+  print(json.dumps({"grew_kib": kib("VmHWM") - before}))
 """)
 
 
@@ -171,7 +178,8 @@ def test_file_merge_peak_memory_is_about_one_model(tmp_path):
     out = subprocess.run([sys.executable, "-c", PEAK, str(tmp_path), method], env=ENV, check=True,
                          capture_output=True, text=True).stdout
     grew = json.loads(out.strip().splitlines()[-1])["grew_kib"]
-    assert grew < 1.5 * size_kib, (method, grew, size_kib)
+    # the merged model is held until saved: at least ~one model, never the inputs as well
+    assert 0.8 * size_kib < grew < 1.5 * size_kib, (method, grew, size_kib)
 
 
 def test_a_path_rule_is_a_naming_for_every_merge():
