@@ -136,6 +136,12 @@ def test_bad_lora_arguments_fail_clearly():
   params = base()
   with pytest.raises(ValueError, match="rank 9 exceeds block_0/attn/proj/kernel's 8 x 8 matrix"):
     lora.init(params, jax.random.key(0), rank=9, alpha=1.0)
+  stray = lora.init(params, jax.random.key(0), rank=2, alpha=1.0)
+  stray["block_9"] = stray.pop("block_3")
+  with pytest.raises(ValueError, match="LoRA adapters for no projection of the model: \\['block_9/attn/proj/kernel'"):
+    lora.apply(CFG, {"base": params, "lora": stray}, TOKENS)
+  with pytest.raises(ValueError, match="the base lacks"):
+    lora.merge_into(params, stray)
   with pytest.raises(ValueError, match="positive integer"):
     lora.init(params, jax.random.key(0), rank=0, alpha=1.0)
   labels = partition.labels(params, partition.preset_rules("C", 4, 1, 1))

@@ -151,6 +151,7 @@ def apply(cfg: model_lib.Config, composite, tokens_BxT, cache=None, pos=0):
     path = tuple(context.module.path) + ("kernel",)
     if path not in ab:
       return y
+    used.add(path)
     a, b = ab[path]
     x = args[0]
     num_in = 2 if path[-3:-1] == ("attn", "proj") else 1  # xlt.merge.naming.xlt_row_axes
@@ -159,8 +160,12 @@ def apply(cfg: model_lib.Config, composite, tokens_BxT, cache=None, pos=0):
     lr = (x_in @ a.T.astype(dt)) @ (s * b).T.astype(dt)
     return y + lr.reshape(y.shape).astype(y.dtype)
 
+  used: set = set()
   with nn.intercept_methods(low_rank):
-    return model_lib.GPT(cfg).apply({"params": base}, tokens_BxT, cache, pos)
+    out = model_lib.GPT(cfg).apply({"params": base}, tokens_BxT, cache, pos)
+  if unused := set(ab) - used:  # an adapter the model never reached would be silently lost
+    raise ValueError(f"LoRA adapters for no projection of the model: {sorted(path_str(p) for p in unused)[:4]}")
+  return out
 
 
 def split(params):
