@@ -10,7 +10,7 @@ heatmaps (with a base among the inputs) and summary.json.
 import json
 import os
 
-from absl import app
+from absl import app, flags
 from ml_collections import config_flags
 
 from xlt.merge import files
@@ -30,4 +30,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
   app.run(main)
