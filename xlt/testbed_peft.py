@@ -136,7 +136,7 @@ def train_lora(c, cfg, base, seeds, data, sets, val_score, workdir, *, stop_afte
 def compose_lora(c, base, adapters: dict) -> dict:
   """The LoRA models of one seed, merged into `base`: each trained recipe, the LoRA layer
   swaps and LoRA freeze-then-train."""
-  models = {name: lora.merge_into(base, a) for name, a in adapters.items()}
+  models = {name: lora.merge_into(base, a) for name, a in adapters.items()}  # recipe order
   task, lang = adapters["LoRA task expert"], adapters["LoRA language expert"]
   for spec in c.lora.swaps:
     b, u, t = (int(x) for x in str(spec).split(","))
@@ -148,7 +148,7 @@ def compose_lora(c, base, adapters: dict) -> dict:
     # composes the two partitions exactly
     both = lora.merge_into(base, adapters[f"partial LoRA task expert [{p}]"])
     models[f"LoRA freeze-then-train [{p}]"] = lora.merge_into(both, adapters[f"partial LoRA language expert [{p}]"])
-  return jax.tree.map(np.asarray, models)
+  return {k: jax.tree.map(np.asarray, v) for k, v in models.items()}  # (tree.map would sort the names)
 
 
 def train_maet_neurons(c, cfg, base, seeds, data, sets, val_score, workdir, *, stop_after=None, progress=True):
