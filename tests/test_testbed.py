@@ -28,6 +28,10 @@ def tiny():
   for stage in (c.base, c.finetune):
     stage.train.steps, stage.train.eval_every, stage.train.batch_size = 6, 3, 8
     stage.train.checkpoint_every, stage.train.min_steps = 3, 0
+  for stage in (c.lora, c.maet_neurons.short):
+    stage.train.steps, stage.train.eval_every, stage.train.batch_size = 6, 3, 8
+    stage.train.checkpoint_every, stage.train.min_steps = 3, 0
+  c.lora.rank, c.lora.presets, c.lora.swaps = 2, ("C",), ("1,1,0",)
   c.merge.swaps = ("1,1,0", "1,1,1")
   c.eval.batch_size = 16
   c.mesh.devices = 1
@@ -41,7 +45,10 @@ def test_testbed_writes_every_method_and_resumes(tiny, tmp_path):
   assert methods[:5] == ["base", "task expert", "language expert", "source-language expert", "data mixing"]
   for want in ("freeze-then-train [A]", "train-then-revert [C_inv]", "simultaneous [C] k=10",
                "layer swap b=1 u=1 t=1", "soup (magnitude)", "task arithmetic λ=1.0", "TIES density=0.2",
-               "DARE drop=0.5", "MAET", "task expert, language partition reverted [A]"):
+               "DARE drop=0.5", "MAET", "task expert, language partition reverted [A]",
+               "LoRA task expert", "LoRA language expert", "LoRA layer swap b=1 u=1 t=0",
+               "partial LoRA task expert [C]", "LoRA freeze-then-train [C]", "simultaneous LoRA [C] k=1",
+               "MAET ability model (trained neurons)", "MAET (trained neurons)"):
     assert want in methods, want
   for m in methods:
     got = {(r["role"], r["metric"]) for r in rows if r["condition"] == m}
@@ -54,7 +61,7 @@ def test_testbed_writes_every_method_and_resumes(tiny, tmp_path):
                "predictions.jsonl"):
     assert (tmp_path / name).exists(), name
   summary = json.load(open(tmp_path / "summary.json"))
-  assert summary["members"] == {"base": 2, "finetune": 32}
+  assert summary["members"] == {"base": 2, "finetune": 32, "lora": 2 * 5, "maet_neurons": 4}
   assert "| layer swap b=1 u=1 t=0 |" in (tmp_path / "table.md").read_text()
   assert experiment.run(tiny, str(tmp_path), progress=False) == rows  # finished: reused
 

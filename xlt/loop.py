@@ -24,8 +24,10 @@ from tqdm.auto import tqdm
 
 from xlt import checkpoint as ckpt_lib
 from xlt import ensemble as ensemble_lib
+from xlt import lora as lora_lib
 from xlt import metrics as metrics_lib
 from xlt import model as model_lib
+from xlt import neurons as neurons_lib
 from xlt import sharding
 from xlt import train as train_lib
 from xlt.data import pipeline
@@ -98,11 +100,16 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
   seeds = [m.seed for m in members]
 
   def abstract_state(n):
-    return jax.eval_shape(lambda: train_lib.init_state(model_cfg, tx, seeds[:n]))
+    # from init_params when given: a LoRA composite (xlt.lora) is not the model's own tree
+    params = None if init_params is None else jax.tree.map(lambda x: x[:n], init_params)
+    return jax.eval_shape(lambda: train_lib.init_state(model_cfg, tx, seeds[:n], params))
 
   if init_params is not None:
-    want = jax.tree.map(lambda x: x.shape, abstract_state(len(members))["params"])
-    if jax.tree.map(lambda x: x.shape, init_params) != want:
+    want = jax.eval_shape(lambda: jax.vmap(lambda k: model_lib.init_params(model_cfg, k))(
+        jax.random.split(jax.random.key(0), len(members))))
+    base = (init_params["base"] if lora_lib.is_composite(init_params) else
+            init_params["params"] if neurons_lib.is_composite(init_params) else init_params)
+    if jax.tree.map(lambda x: x.shape, base) != jax.tree.map(lambda x: x.shape, want):
       raise ValueError("init_params do not match the model config (one model per member, stacked)")
 
   platform = mesh.devices.flat[0].platform

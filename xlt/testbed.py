@@ -37,6 +37,7 @@ from xlt import model as model_lib
 from xlt import partition
 from xlt import results as results_lib
 from xlt import runner
+from xlt import testbed_peft
 from xlt.data import arithmetic, common
 
 ALL = None  # a phase that trains every parameter
@@ -156,6 +157,7 @@ def check(c, num_layers: int):
     merge.swap_plan(num_layers, b, u, t, t)
   if not c.simultaneous.steps_per_switch or min(c.simultaneous.steps_per_switch) < 1:
     raise ValueError(f"simultaneous.steps_per_switch must be positive, got {c.simultaneous.steps_per_switch}")
+  testbed_peft.check(c, num_layers)
 
 
 def _stage(c, part) -> ml_collections.ConfigDict:
@@ -239,20 +241,42 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
       stop_after=stop_after, progress=progress)
   if tuned is None:
     return []
+
+  # 2b. LoRA recipes, 2c-d. MAET's short runs and training on its key neurons (testbed_peft);
+  # their models are scored as plain parameters (LoRA merged into the base)
+  peft_val = lambda member_sets: (lambda params, ids: val_score(member_sets)(testbed_peft.plain(params), ids))
+  lora_adapters = maet_trained = None
+  if testbed_peft.lora_plan(c):
+    lora_adapters, _ = testbed_peft.train_lora(c, cfg, base, seeds, data, sets, peft_val, workdir,
+                                               stop_after=stop_after, progress=progress)
+    if lora_adapters is None:
+      return []
+  if c.get("maet_neurons") and c.maet_neurons.enabled:
+    maet_trained, _ = testbed_peft.train_maet_neurons(c, cfg, base, seeds, data, sets, peft_val, workdir,
+                                                      stop_after=stop_after, progress=progress)
+    if maet_trained is None:
+      return []
   t_tune = time.time() - t0 - t_base
 
   # 3. models per seed, 4. scores
   per_seed = []
   for i, s in enumerate(seeds):
     trained = {r.name: _member(tuned, k * len(seeds) + i) for k, r in enumerate(recipes)}
-    per_seed.append(compose(c, _member(base, i), trained, labels, seed=s))
+    models = compose(c, _member(base, i), trained, labels, seed=s)
+    if lora_adapters is not None:
+      models.update(testbed_peft.compose_lora(c, _member(base, i), {k: v[i] for k, v in lora_adapters.items()}))
+    if maet_trained is not None:
+      models.update(testbed_peft.compose_maet(c, _member(base, i), maet_trained[i], trained["language expert"]))
+    per_seed.append(models)
   model_names = list(per_seed[0])
   scores = _score_all(cfg, task, per_seed, sets, c.eval.batch_size, seeds, workdir)
   rows = _rows(c, model_names, scores, sets, seeds)
   heatmaps = _heatmaps(c, workdir, base, tuned, recipes, seeds)
 
   table = _table(c, rows, model_names, sets)
-  summary = {"members": {"base": len(seeds), "finetune": len(members)}, "models_per_seed": len(model_names),
+  summary = {"members": {"base": len(seeds), "finetune": len(members),
+                         "lora": len(testbed_peft.lora_plan(c)) * len(seeds),
+                         "maet_neurons": 2 * len(seeds) if maet_trained is not None else 0}, "models_per_seed": len(model_names),
              "params_per_model": model_lib.count_params(one), "partition_cells": list(cells),
              "partition_summary": {p: partition.summary(labels[p], one) for p in presets},
              "base_steps": out["step"], "finetune_best_steps": dict(zip([m.name for m in members], tuned_out["best_steps"])),

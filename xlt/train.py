@@ -21,7 +21,9 @@ import numpy as np
 import optax
 
 from xlt import ensemble as ensemble_lib
+from xlt import lora as lora_lib
 from xlt import model as model_lib
+from xlt import neurons as neurons_lib
 from xlt import sharding
 from xlt.merge.naming import path_names
 
@@ -58,21 +60,32 @@ def make_optimizer(c) -> optax.GradientTransformation:
   return optax.chain(optax.clip_by_global_norm(c.clip), opt) if c.clip else opt
 
 
+def apply(cfg: model_lib.Config, params, tokens_BxT):
+  """`model.apply` of plain params or of a composite: a LoRA one runs the adapter forward
+  (xlt.lora), a neuron-masked one its params (xlt.neurons)."""
+  if lora_lib.is_composite(params):
+    return lora_lib.apply(cfg, params, tokens_BxT)
+  if neurons_lib.is_composite(params):
+    params = params["params"]
+  return model_lib.apply(cfg, params, tokens_BxT)
+
+
 def loss_sums(cfg: model_lib.Config, params, batch) -> tuple[jax.Array, jax.Array]:
   """(sum of masked token cross-entropies, number of masked tokens)."""
   tokens_BxT = batch["tokens"]
-  logits_BxTxV, _ = model_lib.apply(cfg, params, tokens_BxT[:, :-1])
+  logits_BxTxV, _ = apply(cfg, params, tokens_BxT[:, :-1])
   ce_BxT = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, tokens_BxT[:, 1:])
   mask_BxT = batch["loss_mask"]
   return (ce_BxT * mask_BxT).sum(), mask_BxT.sum()
 
 
-def _grads(cfg, params, batch, accum: int):
-  """Mean masked loss and its gradient; with `accum` > 1 the batch is split into
-  micro-batches under `lax.scan` (same result, a fraction of the activation memory)."""
+def _grads(cfg, params, batch, accum: int, rebuild=lambda p: p):
+  """Mean masked loss and its gradient with respect to `params` (the model is
+  `rebuild(params)`); with `accum` > 1 the batch is split into micro-batches under
+  `lax.scan` (same result, a fraction of the activation memory)."""
 
   def sums(p, b):
-    return loss_sums(cfg, p, b)
+    return loss_sums(cfg, rebuild(p), b)
 
   grad_fn = jax.value_and_grad(sums, has_aux=True)
   if accum == 1:
@@ -90,15 +103,27 @@ def _grads(cfg, params, batch, accum: int):
   return total / count, jax.tree.map(lambda x: x / count, g)
 
 
+def split(params):
+  """(what the optimizer trains, rebuild: trained -> the state's params, extra update
+  arguments). A LoRA composite trains its adapters only (xlt.lora); a neuron composite
+  trains its params and hands its mask to `neurons.masked` (xlt.neurons); plain params
+  train whole."""
+  if neurons_lib.is_composite(params):
+    return neurons_lib.split(params)
+  trained, rebuild = lora_lib.split(params)
+  return trained, rebuild, {}
+
+
 def train_step(state: State, batch, *, cfg, tx, accum: int = 1):
   """One model's step. (Members that stopped early never reach it: the loop drops them
   from the ensemble, and `active` only records which ones still train.) A batch with
   `trainable` flags (partition training) passes them to the gated optimizer."""
   extra = {"trainable": batch["trainable"]} if "trainable" in batch else {}
   batch = {k: batch[k] for k in ("tokens", "loss_mask")}
-  loss, grads = _grads(cfg, state["params"], batch, accum)
-  updates, opt_state = tx.update(grads, state["opt_state"], state["params"], **extra)
-  new = {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
+  trained, rebuild, more = split(state["params"])
+  loss, grads = _grads(cfg, trained, batch, accum, rebuild)
+  updates, opt_state = tx.update(grads, state["opt_state"], trained, **extra, **more)
+  new = {"step": state["step"] + 1, "params": rebuild(optax.apply_updates(trained, updates)),
          "opt_state": opt_state, "active": state["active"]}
   return new, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
@@ -110,7 +135,7 @@ def init_state(cfg: model_lib.Config, tx, seeds, params=None) -> State:
   def one(seed, params):
     if params is None:
       params = model_lib.init_params(cfg, jax.random.key(seed))
-    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(split(params)[0]),
             "active": jnp.ones((), bool)}
 
   return jax.vmap(one)(jnp.asarray(seeds, jnp.uint32), params)
@@ -120,13 +145,20 @@ def state_shardings(cfg: model_lib.Config, tx, mesh, rules, abstract_state):
   """Shardings for the stacked state: parameter-shaped optimizer leaves follow the
   parameter's sharding, everything else is replicated."""
   param_sh = sharding.param_shardings(model_lib.logical_axes(cfg), mesh, rules)
-  sharding.check_divisible(abstract_state["params"], param_sh)
   rep = sharding.replicated(mesh)
+  if lora_lib.is_composite(abstract_state["params"]):  # adapters are small: replicated
+    param_sh = {"base": param_sh, "lora": jax.tree.map(lambda _: rep, abstract_state["params"]["lora"])}
+  elif neurons_lib.is_composite(abstract_state["params"]):  # a mask is sharded as its parameter
+    param_sh = {"params": param_sh, neurons_lib.MASK_KEY: param_sh}
+  sharding.check_divisible(abstract_state["params"], param_sh)
   # optax states hold parameter-shaped copies (Adam's mu and nu, also inside the masked
   # states of a partitioned optimizer) whose key path ends with the parameter's path: those
   # follow the parameter's sharding; counts and other leaves are replicated.
   by_path = {path_names(p): (x.shape, sh) for (p, x), sh in zip(
       jax.tree_util.tree_flatten_with_path(abstract_state["params"])[0], jax.tree.leaves(param_sh))}
+  if lora_lib.is_composite(abstract_state["params"]) or neurons_lib.is_composite(abstract_state["params"]):
+    # the optimizer sees the composite's trainable part: its paths lack the first key
+    by_path |= {k[1:]: v for k, v in by_path.items()}
 
   def opt_leaf(path, x):
     names = path_names(path)

@@ -3,15 +3,17 @@ TIES, DARE, MAET, and the layer-swapping paper's analysis of where fine-tuning c
 model.
 
 Depends on numpy, jax.tree_util and the standard library only (matplotlib inside the
-plot function), never on the rest of xlt, so it merges any checkpoint that loads as a
-pytree. Paths are read through a `Naming` (`XLT` for xlt.model's GPT); every merge takes
-`naming=` so another format is one more `Naming`.
+plot function, safetensors when a file's tensor is read; `python -m xlt.merge` adds absl
+and ml_collections for its config), never on the rest of xlt, so it merges any checkpoint
+that loads as a pytree. Paths are read through a `Naming` (`XLT` for xlt.model's GPT, `HF` for Hugging
+Face names, `from_rule(path -> (block, kind))` for any other); every merge takes `naming=`.
 
-  naming.py   paths -> (block, kind), and the rows (neurons) of each tensor
+  naming.py   paths -> (block, kind), and the rows (neurons) of each tensor: XLT, HF, from_rule
   core.py     structure checks, leaf-wise maps, deltas, row magnitudes
   swap.py     layer swapping with transition zones
   combine.py  soup, magnitude weights, task arithmetic, TIES, DARE, row sparsification
   maet.py     MAET (ability extraction and transfer)
+  files.py    safetensors checkpoints read / written one tensor at a time; merges of files
   analysis.py per-block share of changed rows, heatmap
 """
 
@@ -19,11 +21,12 @@ from xlt.merge.analysis import default_threshold, plot_row_change, row_change
 from xlt.merge.combine import dare, magnitude_weights, soup, sparsify_rows, task_arithmetic, ties
 from xlt.merge.core import check_compatible, delta, mean_abs_rows
 from xlt.merge.maet import maet
-from xlt.merge.naming import XLT, Naming, path_names, path_str
+from xlt.merge.files import load, merge_files, save
+from xlt.merge.naming import HF, XLT, Naming, from_rule, naming_for, path_names, path_str
 from xlt.merge.swap import layer_swap, swap_plan
 
 __all__ = [
-    "XLT", "Naming", "check_compatible", "dare", "default_threshold", "delta", "layer_swap",
-    "maet", "magnitude_weights", "mean_abs_rows", "path_names", "path_str", "plot_row_change",
-    "row_change", "soup", "sparsify_rows", "swap_plan", "task_arithmetic", "ties",
+    "HF", "XLT", "Naming", "check_compatible", "dare", "default_threshold", "delta", "from_rule", "layer_swap",
+    "load", "maet", "magnitude_weights", "mean_abs_rows", "merge_files", "naming_for", "path_names", "path_str", "plot_row_change",
+    "row_change", "save", "soup", "sparsify_rows", "swap_plan", "task_arithmetic", "ties",
 ]

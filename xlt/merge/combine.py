@@ -70,11 +70,30 @@ def magnitude_weights(experts, base, *, naming: Naming = XLT) -> list[float]:
   return [w / sum(inverse) for w in inverse]
 
 
-def _add_deltas(base, experts, lambdas, transform, what: str):
-  """base + sum_i lambda_i * transform(i, path, delta_i), leaf by leaf."""
+def _restrict(base, experts, masks, naming, what: str):
+  """The experts with each delta restricted to its mask's neurons (`core.leaf_mask`):
+  expert_i where its mask is True, the base elsewhere (a new tree per masked expert)."""
+  if masks is None:
+    return experts
+  out = []
+  for i, e in enumerate(experts):
+    m = core.mask_for(masks, i, len(experts), what)
+    if m is None:
+      out.append(e)
+      continue
+    flat = core.masked_leaves(m, e)
+    out.append(core.map_leaves(
+        lambda p, x, b: np.where(core.leaf_mask(p, flat[p], np.shape(x), naming), x, b), e, base))
+  return out
+
+
+def _add_deltas(base, experts, lambdas, transform, what: str, masks=None, naming: Naming = XLT):
+  """base + sum_i lambda_i * transform(i, path, delta_i * mask_i), leaf by leaf."""
   experts = core.expert_list(experts)
   core.check_compatible([base, *experts], ["base", *_expert_names(len(experts))])
   lambdas = core.per_expert(lambdas, len(experts), f"{what} lambdas")
+  masks = [None if (m := core.mask_for(masks, i, len(experts), what)) is None else core.masked_leaves(m, base)
+           for i in range(len(experts))]
 
   def merge(path, b, *xs):
     terms = [(lam, i, x) for i, (lam, x) in enumerate(zip(lambdas, xs)) if lam != 0.0]
@@ -83,24 +102,30 @@ def _add_deltas(base, experts, lambdas, transform, what: str):
     b = core.as_compute(b)
     out = b.copy()
     for lam, i, x in terms:
-      out += lam * transform(i, path, core.as_compute(x) - b)
+      d = core.as_compute(x) - b
+      if masks[i] is not None:  # the expert's change on its neurons only
+        d = np.where(core.leaf_mask(path, masks[i][path], d.shape, naming), d, 0).astype(d.dtype)
+      out += lam * transform(i, path, d)
     return out
 
   return core.map_leaves(merge, base, *experts)
 
 
-def task_arithmetic(base, experts, lambdas=1.0, *, naming: Naming = XLT):
+def task_arithmetic(base, experts, lambdas=1.0, *, masks=None, naming: Naming = XLT):
   """Task arithmetic (Ilharco et al. 2023): base + sum_i lambda_i (expert_i - base).
 
   lambdas: the scale of each task vector, one float for all or one per expert. 0 leaves
     the base; 1 with one expert gives that expert; 1/n for n experts is their soup;
     the paper tunes one value in [0, 1] on validation data; > 1 extrapolates.
-  naming: unused; accepted so every merge has the same keywords.
+  masks: neuron masks (`core.leaf_mask`: per tensor, per row, or per entry), one tree for
+    every expert or one per expert (None = no mask): each task vector counts only on its
+    mask. The same masks train with `xlt.neurons`.
+  naming: how rows are laid out, for row masks.
   """
-  return _add_deltas(base, experts, lambdas, lambda i, path, d: d, "task arithmetic")
+  return _add_deltas(base, experts, lambdas, lambda i, path, d: d, "task arithmetic", masks, naming)
 
 
-def ties(base, experts, *, density: float = 0.2, lambdas=1.0, naming: Naming = XLT):
+def ties(base, experts, *, density: float = 0.2, lambdas=1.0, masks=None, naming: Naming = XLT):
   """TIES-merging (Yadav et al. 2023): task arithmetic with interference resolved.
 
   Per tensor:
@@ -120,10 +145,12 @@ def ties(base, experts, *, density: float = 0.2, lambdas=1.0, naming: Naming = X
   lambdas: the scale of the merged delta (the paper's lambda; 1 when there is no
     validation data to tune it on), or one scale per expert, applied to its trimmed
     delta before the election (mergekit's per-model `weight`).
-  naming: unused; accepted so every merge has the same keywords.
+  masks: neuron masks restricting each delta before the trim (as in `task_arithmetic`).
+  naming: how rows are laid out, for row masks.
   """
   experts = core.expert_list(experts)
   core.check_compatible([base, *experts], ["base", *_expert_names(len(experts))])
+  experts = _restrict(base, experts, masks, naming, "TIES")
   core.check_range("TIES density", density, 0.0, 1.0, low_open=True)
   lambdas = core.per_expert(lambdas, len(experts), "TIES lambdas")
 
@@ -152,7 +179,8 @@ def dare_mask(seed: int, expert_index: int, path, shape, drop: float) -> np.ndar
   return rng.random(shape) >= drop
 
 
-def dare(base, experts, *, drop: float = 0.9, seed: int = 0, lambdas=1.0, naming: Naming = XLT):
+def dare(base, experts, *, drop: float = 0.9, seed: int = 0, lambdas=1.0, masks=None,
+         naming: Naming = XLT):
   """DARE (Yu et al. 2024, "Language models are Super Mario"): Drop And REscale each
   delta, then task arithmetic.
 
@@ -164,7 +192,8 @@ def dare(base, experts, *, drop: float = 0.9, seed: int = 0, lambdas=1.0, naming
     SFT deltas (up to 0.99 works for large models); 0 is plain task arithmetic.
   seed: a non-negative integer; the same seed gives the same masks (see `dare_mask`).
   lambdas: the task-arithmetic scale of each rescaled delta (see `task_arithmetic`).
-  naming: unused; accepted so every merge has the same keywords.
+  masks: neuron masks restricting each delta before the drop (as in `task_arithmetic`).
+  naming: how rows are laid out, for row masks.
   """
   core.check_range("DARE drop", drop, 0.0, 1.0, high_open=True)
   if int(seed) != seed or seed < 0:
@@ -175,7 +204,7 @@ def dare(base, experts, *, drop: float = 0.9, seed: int = 0, lambdas=1.0, naming
       return d
     return np.where(dare_mask(int(seed), i, path, d.shape, drop), d / (1.0 - drop), 0).astype(d.dtype)
 
-  return _add_deltas(base, experts, lambdas, drop_and_rescale, "DARE")
+  return _add_deltas(base, experts, lambdas, drop_and_rescale, "DARE", masks, naming)
 
 
 def sparsify_rows(expert, base, threshold: float, *, naming: Naming = XLT):

@@ -104,6 +104,52 @@ def row_mask_to_leaf(path, keep_rows, shape, naming: Naming = XLT) -> np.ndarray
   return naming.from_rows(path, np.broadcast_to(keep_rows[:, None], (len(keep_rows), row_len)), shape)
 
 
+def leaf_mask(path, mask, shape, naming: Naming = XLT) -> np.ndarray:
+  """A neuron mask of one leaf as a bool array of the leaf's `shape`. `mask` may be a
+  bool (the whole tensor or none of it), a bool per row ([num_rows]: neurons, i.e. output
+  units, as `naming.rows` lays them out), or a bool per entry (the leaf's own shape: any
+  rows or columns). Anything else is a ValueError naming the path."""
+  shape = tuple(shape)
+  m = np.asarray(mask)
+  if m.dtype != bool and not np.isin(m, (0, 1)).all():
+    raise ValueError(f"{path_str(path)}: a mask must be boolean (or 0/1), got values {np.unique(m)[:5]}")
+  m = m.astype(bool)
+  if m.ndim == 0:
+    return np.full(shape, bool(m))
+  if m.shape == shape:
+    return m
+  num_rows = naming.num_rows(path, shape)
+  if m.shape == (num_rows,):
+    return row_mask_to_leaf(path, m, shape, naming)
+  raise ValueError(f"{path_str(path)}: mask of shape {m.shape} fits neither the tensor {shape} nor its "
+                   f"{num_rows} rows (neurons)")
+
+
+def mask_for(masks, i: int, n: int, what: str):
+  """Expert i's mask tree from `masks`: None (no mask), one tree for every expert, or a
+  list of one tree (or None) per expert."""
+  if masks is None:
+    return None
+  if isinstance(masks, (list, tuple)):
+    if len(masks) != n:
+      raise ValueError(f"{what} masks: {len(masks)} mask trees for {n} experts")
+    return masks[i]
+  return masks
+
+
+def masked_leaves(masks, tree) -> dict:
+  """{path: mask leaf} of a mask tree with the structure of `tree` (leaves: see
+  `leaf_mask`); a ValueError names a path the trees do not share."""
+  flat = dict(leaves_with_paths(masks))
+  paths = [p for p, _ in leaves_with_paths(tree)]
+  extra, missing = set(flat) - set(paths), [p for p in paths if p not in flat]
+  if extra or missing:
+    p = next(iter(extra)) if extra else missing[0]
+    raise ValueError(f"mask tree and parameters differ at {path_str(p)} "
+                     f"({'only in the mask' if extra else 'missing from the mask'})")
+  return flat
+
+
 def fraction_count(fraction: float, n: int) -> int:
   """How many of n items a fraction selects: round(fraction * n), halves up, and at
   least 1 when fraction > 0 (so a small tensor, a bias or a norm scale, keeps one entry

@@ -77,7 +77,8 @@ def tensor_similarity(a, b, similarity: str = "cosine") -> float:
 def maet(base, ability_model, source_language_model, target_language_models, *,
          alpha: float = 0.8, beta: float = 0.2, mu=None, key_ratio: float = 0.05,
          tensor_ratio: float = 0.8, gamma: float = 0.2, eta: float = 1.0,
-         similarity: str = "cosine", return_info: bool = False, naming: Naming = XLT):
+         similarity: str = "cosine", ability_neurons=None, source_neurons=None,
+         return_info: bool = False, naming: Naming = XLT):
   """The MAET merge (module docstring): base + ability weight on the least
   language-like tensors + the multilingual weight everywhere.
 
@@ -99,6 +100,10 @@ def maet(base, ability_model, source_language_model, target_language_models, *,
     eta: scale of R_Lang on the selected tensors (eq. 5; paper 1.0); the other tensors
       always receive R_Lang at scale 1.
     similarity: "cosine" or "dot" (eq. 4; see the module docstring).
+    ability_neurons, source_neurons: neuron mask trees (`core.leaf_mask`: per tensor, per
+      row or per entry) for N_A and N_L0, e.g. the masks the models were *trained* on
+      (xlt.neurons, MAET's extraction stage); each given one replaces locating that set on
+      the model's own delta (then key_ratio does not apply to it).
     return_info: also return {"selected": paths in T, "ranking": all paths, most
       language-like first, "similarity": {path: V}, "key_rows": counts}.
     naming: how rows are laid out in each tensor (`naming.XLT` for xlt.model).
@@ -115,15 +120,17 @@ def maet(base, ability_model, source_language_model, target_language_models, *,
 
   # Eq. 1. Deltas are recomputed leaf by leaf in each pass (key rows, eq. 4, eq. 5), so
   # no whole-model delta is held: memory stays at the inputs plus one leaf's work.
-  keep_ability = key_rows(ability_model, base, key_ratio, naming=naming)
-  keep_source = key_rows(source_language_model, base, key_ratio, naming=naming)
+  keep_ability = (key_rows(ability_model, base, key_ratio, naming=naming) if ability_neurons is None
+                  else core.masked_leaves(ability_neurons, base))
+  keep_source = (key_rows(source_language_model, base, key_ratio, naming=naming) if source_neurons is None
+                 else core.masked_leaves(source_neurons, base))
 
   def weights(path, b, ability, source, *target_leaves):
     """(R(A), R_Lang) of one leaf: eqs. 2 and 3."""
     b = core.as_compute(b)
     shape = b.shape
-    in_ability = core.row_mask_to_leaf(path, keep_ability[path] | keep_source[path], shape, naming)
-    in_source = core.row_mask_to_leaf(path, keep_source[path], shape, naming)
+    in_source = core.leaf_mask(path, keep_source[path], shape, naming)
+    in_ability = core.leaf_mask(path, keep_ability[path], shape, naming) | in_source
     r_ability = (alpha * np.where(in_ability, core.as_compute(ability) - b, 0)
                  - beta * np.where(in_source, core.as_compute(source) - b, 0))
     r_lang = sum(m * (core.as_compute(t) - b) for m, t in zip(mu, target_leaves))
@@ -151,9 +158,10 @@ def maet(base, ability_model, source_language_model, target_language_models, *,
   info = {"selected": [path_str(p) for p in paths if p in selected],
           "ranking": [path_str(p) for p in ranking],
           "similarity": {path_str(p): sims[p] for p in paths},
-          "key_rows": {"ability": int(sum(k.sum() for k in keep_ability.values())),
-                       "source_language": int(sum(k.sum() for k in keep_source.values())),
-                       "total": int(sum(k.size for k in keep_ability.values()))}}
+          # rows when located here, entries when given as masks
+          "key_rows": {"ability": int(sum(np.sum(k) for k in keep_ability.values())),
+                       "source_language": int(sum(np.sum(k) for k in keep_source.values())),
+                       "total": int(sum(np.size(k) for k in keep_ability.values()))}}
   return merged, info
 
 

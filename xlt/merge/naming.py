@@ -137,3 +137,118 @@ def xlt_local_name(path) -> str:
 
 
 XLT = Naming("xlt", xlt_block_kind, xlt_row_axes, xlt_local_name)
+
+
+# ---- Hugging Face checkpoints: flat dotted keys, torch layouts
+#
+# Llama / Mistral / Qwen: model.embed_tokens.weight, model.layers.{i}.self_attn.{q,k,v,o}_proj.weight,
+#   model.layers.{i}.mlp.{gate,up,down}_proj.weight, model.layers.{i}.{input,post_attention}_layernorm
+#   .weight, model.norm.weight, lm_head.weight.
+# GPT-2: transformer.{wte,wpe}.weight, transformer.h.{i}.attn.{c_attn,c_proj}.{weight,bias},
+#   transformer.h.{i}.mlp.{c_fc,c_proj}.{weight,bias}, transformer.h.{i}.ln_{1,2}.{weight,bias},
+#   transformer.ln_f.{weight,bias}, lm_head.weight.
+# The "model." / "transformer." prefix is optional (a bare GPT2Model saves h.{i}...).
+
+_HF_BLOCK = re.compile(r"^(?:model\.|transformer\.)?(?:layers|h)\.(\d+)\.(.+)$")
+_HF_IN_BLOCK = (  # (regex on the name inside the block, kind); first match wins
+    (re.compile(r"^(self_attn|attn|attention)\."), "attn"),
+    (re.compile(r"^(mlp|feed_forward|block_sparse_moe)\."), "mlp"),
+    (re.compile(r"^(input_layernorm|post_attention_layernorm|pre_feedforward_layernorm|"
+                r"post_feedforward_layernorm|ln_\d)\."), "norm"),
+)
+_HF_OUTSIDE = (
+    (re.compile(r"^(?:model\.|transformer\.)?(embed_tokens|wte|wpe)\.weight$"), "embedding"),
+    (re.compile(r"^(?:model\.|transformer\.)?(norm|ln_f)\.(weight|bias)$"), "head"),
+    (re.compile(r"^lm_head\.weight$"), "head"),
+)
+# GPT-2's Conv1D keeps [in, out] (the transpose of torch.nn.Linear's [out, in]).
+_HF_CONV1D = re.compile(r"^(?:transformer\.)?h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
+
+
+def _hf_name(path) -> str:
+  return ".".join(path_names(path))
+
+
+def hf_block_kind(path) -> tuple[int | None, str]:
+  """(block index or None, kind) of a Hugging Face parameter name; ValueError for a name
+  no rule recognises (a merge must not guess which block a tensor belongs to)."""
+  name = _hf_name(path)
+  if m := _HF_BLOCK.match(name):
+    for rule, kind in _HF_IN_BLOCK:
+      if rule.match(m.group(2)):
+        return int(m.group(1)), kind
+  else:
+    for rule, kind in _HF_OUTSIDE:
+      if rule.match(name):
+        return None, kind
+  raise ValueError(f"{name}: no rule of the 'hf' naming recognises this parameter name (known: "
+                   "model.layers.{i}.{self_attn,mlp,*_layernorm}.*, transformer.h.{i}.{attn,mlp,ln_1,ln_2}.*, "
+                   "embed_tokens / wte / wpe, norm / ln_f, lm_head)")
+
+
+def hf_row_axes(path, shape) -> tuple[int, ...]:
+  """Rows = output units: axis 0 of a torch Linear weight [out, in] and of embedding
+  tables [V, D] (lm_head [V, D] too); axis 1 of GPT-2's Conv1D weights [in, out]; 1-D
+  tensors (biases, norms) are one row."""
+  if len(shape) < 2:
+    return ()
+  return (1,) if _HF_CONV1D.match(_hf_name(path)) else (0,)
+
+
+def hf_local_name(path) -> str:
+  """model.layers.3.self_attn.q_proj.weight -> self_attn.q_proj.weight."""
+  name = _hf_name(path)
+  m = _HF_BLOCK.match(name)
+  return m.group(2) if m else name
+
+
+HF = Naming("hf", hf_block_kind, hf_row_axes, hf_local_name)
+
+
+def from_rule(block_kind: Callable[[Path], tuple[int | None, str]], name: str = "custom") -> Naming:
+  """A Naming from a path -> (block, kind) rule alone, for a format neither XLT nor HF
+  knows: rows on axis 0 (torch's [out, in] weights and [V, D] tables; 1-D tensors are
+  one row), and a block parameter's local name is its path with the block index
+  replaced by "{i}", so block 3's "layers.3.attn.w" and block 5's "layers.5.attn.w" share
+  a heatmap column."""
+
+  def local_name(path) -> str:
+    text = ".".join(path_names(path))
+    block = block_kind(path)[0]
+    return text if block is None else re.sub(rf"(?<![0-9]){block}(?![0-9])", "{i}", text, count=1)
+
+  return Naming(name, lambda p: block_kind(path_names(p)), lambda p, shape: (0,) if len(shape) >= 2 else (),
+                local_name)
+NAMINGS = {"xlt": XLT, "hf": HF}
+
+
+def recognises(naming: Naming, path) -> bool:
+  """Whether `naming` places `path`: a block of its own or one of its outside kinds."""
+  try:
+    block, kind = naming.block_kind(path)
+  except ValueError:
+    return False
+  if naming is XLT:  # xlt's rule never raises: check the names it reads
+    names = path_names(path)
+    return bool(names) and (names[0] in ("wte", "wpe", "ln_f", "lm_head") or
+                            any(_BLOCK.match(n) for n in names))
+  return True
+
+
+def naming_for(paths, naming: str | Naming = "auto") -> Naming:
+  """The Naming of a checkpoint: `naming` itself, a name in NAMINGS, or "auto": the
+  first naming that recognises every path. ValueError naming the first unrecognised
+  path otherwise."""
+  paths = [path_names(p) for p in paths]
+  candidates = ([naming] if isinstance(naming, Naming) else list(NAMINGS.values()) if naming == "auto"
+                else [NAMINGS[naming]] if naming in NAMINGS else None)
+  if candidates is None:
+    raise ValueError(f"unknown naming {naming!r}; known: auto, {', '.join(NAMINGS)}")
+  if not paths:
+    raise ValueError("the checkpoint has no parameters")
+  for n in candidates:
+    if all(recognises(n, p) for p in paths):
+      return n
+  worst = next(p for p in paths if not any(recognises(n, p) for n in candidates))
+  raise ValueError(f"parameter {path_str(worst)!r}: no naming rule recognises it "
+                   f"(tried {', '.join(n.name for n in candidates)}); pass a Naming for this format")

@@ -1,0 +1,213 @@
+"""Checkpoints on disk: safetensors files read and written one tensor at a time, and a
+merge of checkpoint files that never holds much more than one model.
+
+`load` returns a flat {name: LazyTensor}: a leaf that knows its shape and dtype from the
+file's header and reads its bytes only when a merge asks for it (`np.asarray`), so every
+merge in xlt.merge runs unchanged on lazy trees, reading each input tensor when it
+reaches that tensor and dropping it afterwards. `save` writes the header first and then
+each tensor in turn, so a lazy or computed tree is never gathered into one buffer.
+Memory of a file merge: the merged model (its leaves are computed one by one and kept
+until saved) plus a few tensors of the inputs.
+
+A checkpoint is one .safetensors file or a directory of them (Hugging Face's sharded
+model-0000k-of-0000n.safetensors); names are flat ("model.layers.0.mlp.up_proj.weight"),
+or xlt paths joined by "/" ("block_0/mlp/fc/kernel").
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import struct
+import tempfile
+
+import numpy as np
+
+from xlt.merge import analysis, combine, core, naming as naming_lib, swap
+from xlt.merge.maet import maet as _maet  # xlt.merge.maet is the function
+
+try:  # bfloat16 as numpy knows it (a jax dependency)
+  import ml_dtypes
+  _BF16 = {"BF16": np.dtype(ml_dtypes.bfloat16)}
+except ImportError:  # pragma: no cover
+  _BF16 = {}
+
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+           "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16,
+           "U8": np.uint8, "BOOL": np.bool_}
+_DTYPES = {k: np.dtype(v) for k, v in _DTYPES.items()} | _BF16
+_CODES = {v: k for k, v in _DTYPES.items()}
+
+
+class LazyTensor:
+  """One tensor of a safetensors file, read on `np.asarray` (every time: nothing is cached,
+  so a merge that visits a leaf twice reads it twice rather than keeping it)."""
+
+  def __init__(self, file: str, name: str, shape, dtype):
+    self.file, self.name, self.shape, self.dtype = file, name, tuple(shape), np.dtype(dtype)
+
+  @property
+  def ndim(self) -> int:
+    return len(self.shape)
+
+  @property
+  def size(self) -> int:
+    return int(np.prod(self.shape, dtype=np.int64))
+
+  @property
+  def nbytes(self) -> int:
+    return self.size * self.dtype.itemsize
+
+  def __array__(self, dtype=None, copy=None):
+    from safetensors import safe_open
+    with safe_open(self.file, framework="numpy") as f:
+      x = f.get_tensor(self.name)
+    return x if dtype is None else x.astype(dtype)
+
+  def __repr__(self):
+    return f"LazyTensor({self.name!r}, {self.shape}, {self.dtype}, {os.path.basename(self.file)})"
+
+
+def checkpoint_files(path: str) -> list[str]:
+  """The .safetensors files of a checkpoint: `path` itself, or every one in a directory."""
+  if os.path.isdir(path):
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+      raise FileNotFoundError(f"no .safetensors files in the directory {path}")
+    return files
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"checkpoint {path} does not exist")
+  return [path]
+
+
+def _header(file: str) -> dict:
+  with open(file, "rb") as f:
+    (n,) = struct.unpack("<Q", f.read(8))
+    return json.loads(f.read(n))
+
+
+def load(path: str, *, lazy: bool = True, nested: bool = False) -> dict:
+  """{name: LazyTensor} (or numpy arrays with lazy=False) of a checkpoint; nested=True
+  splits names on "/" into xlt's nested dicts. Only the headers are read here."""
+  tree = {}
+  for file in checkpoint_files(path):
+    for name, info in _header(file).items():
+      if name == "__metadata__":
+        continue
+      if info["dtype"] not in _DTYPES:
+        raise ValueError(f"{file}: tensor {name} has dtype {info['dtype']}, which numpy cannot hold")
+      if name in tree:
+        raise ValueError(f"tensor {name} appears in two files of {path}")
+      tree[name] = LazyTensor(file, name, info["shape"], _DTYPES[info["dtype"]])
+  if not lazy:
+    tree = {k: np.asarray(v) for k, v in tree.items()}
+  return _nest(tree) if nested else tree
+
+
+def _nest(flat: dict) -> dict:
+  out = {}
+  for name, x in flat.items():
+    *parents, leaf = name.split("/")
+    node = out
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = x
+  return out
+
+
+def save(tree, file: str, metadata: dict | None = None) -> None:
+  """Writes `tree` (a flat {name: array}, or a nested tree whose paths are joined by "/")
+  as one safetensors file, one tensor at a time (a LazyTensor leaf is read just before
+  it is written). Written to a temporary file and renamed: `file` is never half written."""
+  leaves = [(naming_lib.path_str(p), x) for p, x in core.leaves_with_paths(tree)]
+  header, offset = {}, 0
+  for name, x in leaves:
+    dtype = core.dtype_of(x)
+    if dtype not in _CODES:
+      raise ValueError(f"{name}: dtype {dtype} has no safetensors code")
+    nbytes = int(np.prod(np.shape(x), dtype=np.int64)) * dtype.itemsize
+    header[name] = {"dtype": _CODES[dtype], "shape": list(np.shape(x)), "data_offsets": [offset, offset + nbytes]}
+    offset += nbytes
+  if metadata:
+    header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+  raw = json.dumps(header, separators=(",", ":")).encode()
+  raw += b" " * (-len(raw) % 8)  # the format pads the header to a multiple of 8 bytes
+  directory = os.path.dirname(os.path.abspath(file))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix=".safetensors")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(struct.pack("<Q", len(raw)) + raw)
+      for name, x in leaves:
+        a = np.ascontiguousarray(np.asarray(x))
+        f.write(a.view(np.uint8).reshape(-1).data if a.size else b"")
+        del a
+    os.replace(tmp, file)
+  except BaseException:
+    os.unlink(tmp)
+    raise
+
+
+# ---- merging checkpoint files
+
+# method -> the input roles it takes (a role ending in "s" is a list of checkpoints)
+METHODS = {
+    "layer_swap": ("task_expert", "language_expert"),
+    "soup": ("experts",),
+    "task_arithmetic": ("base", "experts"),
+    "ties": ("base", "experts"),
+    "dare": ("base", "experts"),
+    "maet": ("base", "ability_model", "source_language_model", "target_language_models"),
+    "sparsify_rows": ("expert", "base"),
+}
+_FUNCTIONS = {"layer_swap": swap.layer_swap, "soup": combine.soup, "task_arithmetic": combine.task_arithmetic,
+              "ties": combine.ties, "dare": combine.dare, "maet": _maet, "sparsify_rows": combine.sparsify_rows}
+
+
+def merge_files(inputs: dict, method: str, output: str, options: dict | None = None, *,
+                naming: str | naming_lib.Naming = "auto", heatmaps: bool = True) -> dict:
+  """Merges checkpoint files with one of xlt.merge's methods and writes
+  `output`/model.safetensors (+ delta_<role>.png heatmaps of where each fine-tune changed
+  the base, when a base is among the inputs); returns a summary dict.
+
+  inputs: {role: checkpoint path or list of paths}: the roles of METHODS[method] (e.g.
+    layer_swap: task_expert, language_expert) and optionally `base` for the heatmaps.
+  options: the method's keyword arguments (layer_swap: bottom, top, ...).
+  naming: "auto" (the first naming that recognises every name), "hf", "xlt" or a Naming.
+  """
+  if method not in METHODS:
+    raise ValueError(f"unknown merge method {method!r}; known: {', '.join(METHODS)}")
+  roles = METHODS[method]
+  unknown = set(inputs) - set(roles) - {"base"}
+  missing = [r for r in roles if r not in inputs]
+  if missing or unknown:
+    raise ValueError(f"merge method {method} takes inputs {list(roles)} (+ base for heatmaps); "
+                     f"missing {missing}, unknown {sorted(unknown)}")
+  trees = {r: [load(p) for p in v] if isinstance(v, (list, tuple)) else load(v) for r, v in inputs.items()}
+  first = next(iter(trees.values()))
+  first = first[0] if isinstance(first, list) else first
+  nm = naming_lib.naming_for(list(first), naming)
+  args = [trees[r] for r in roles]
+  if method == "sparsify_rows" and "threshold" not in (options or {}):
+    raise ValueError("sparsify_rows needs options.threshold")
+  merged = _FUNCTIONS[method](*args, **dict(options or {}), naming=nm)
+  os.makedirs(output, exist_ok=True)
+  out_file = os.path.join(output, "model.safetensors")
+  save(merged, out_file, {"merge_method": method, "options": json.dumps(dict(options or {}), sort_keys=True)})
+  del merged
+  summary = {"output": out_file, "naming": nm.name, "tensors": len(first),
+             "bytes": int(sum(x.nbytes for x in first.values())), "heatmaps": []}
+  if heatmaps and "base" in trees:
+    for role in roles:
+      experts = trees[role] if isinstance(trees[role], list) else [trees[role]]
+      for i, expert in enumerate(experts):
+        if role == "base":
+          continue
+        name = role if len(experts) == 1 else f"{role}_{i}"
+        change = analysis.row_change(expert, trees["base"], naming=nm,
+                                     threshold=analysis.default_threshold(expert, trees["base"], naming=nm))
+        png = os.path.join(output, f"delta_{name}.png")
+        analysis.plot_row_change(change, png, title=f"where {name} changed the base")
+        summary["heatmaps"].append(png)
+  return summary

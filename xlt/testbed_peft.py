@@ -1,0 +1,198 @@
+"""The merge testbed's parameter-efficient recipes (xlt.testbed runs them after its full
+fine-tunes): LoRA versions of the recipes, and MAET with trained neurons.
+
+LoRA (xlt.lora), one ensemble of every LoRA recipe x seed, from each seed's base:
+  LoRA task / language expert      adapters on every attn / mlp projection;
+  partial LoRA task / language [p] only the adapters of partition p's task / language
+                                   label train (the others keep b = 0: no change);
+  simultaneous LoRA [p] k=K        the two partitions' adapters take turns, K steps each.
+Compositions: LoRA layer swap (the adapters of the swapped blocks from the language
+expert, the rest from the task expert, then merged into the base), LoRA freeze-then-train
+(both partial experts' adapters merged into the base). Every LoRA model is scored merged.
+
+MAET with trained neurons (xlt.neurons), MAET's extraction stage end to end:
+  1. short runs from the base on the task data and on the source-language data;
+  2. key neurons: the top key_ratio rows by change in each short run, N_A and N_L0;
+  3. the ability model trains on the task data on N_A u N_L0 only, the source-language
+     model on the source-language data on N_L0 only;
+  4. MAET forms the ability weight from them (their deltas are already on those neurons)
+     and transfers it with the language expert (xlt.merge.maet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import ml_collections
+import numpy as np
+
+from xlt import loop as loop_lib
+from xlt import lora, merge, neurons, partition, runner
+from xlt import train as train_lib
+
+ALL = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraRecipe:
+  name: str
+  phases: tuple[tuple[str, tuple[str, str] | None], ...]  # (dataset, None = all adapters | (preset, label))
+  val: tuple[str, ...]
+  steps_per_phase: int = 1
+
+
+def lora_plan(c) -> list[LoraRecipe]:
+  """The LoRA recipes of `c.lora` (empty when it is off)."""
+  if not c.get("lora") or not c.lora.enabled:
+    return []
+  out = [LoraRecipe("LoRA task expert", (("task", ALL),), ("task",)),
+         LoraRecipe("LoRA language expert", (("language", ALL),), ("language",))]
+  for p in c.lora.presets:
+    out += [LoraRecipe(f"partial LoRA task expert [{p}]", (("task", (p, "task")),), ("task",)),
+            LoraRecipe(f"partial LoRA language expert [{p}]", (("language", (p, "language")),), ("language",))]
+  for p in c.lora.simultaneous_presets:
+    for k in c.lora.steps_per_switch:
+      out.append(LoraRecipe(f"simultaneous LoRA [{p}] k={k}", (("task", (p, "task")), ("language", (p, "language"))),
+                            ("task", "language"), int(k)))
+  return out
+
+
+def check(c, num_layers: int):
+  """Config errors before anything trains."""
+  if c.get("lora") and c.lora.enabled:
+    for p in set(c.lora.presets) | set(c.lora.simultaneous_presets):
+      partition.preset_rules(p, num_layers, c.partition.bottom, c.partition.top)
+    for spec in c.lora.swaps:
+      b, u, t = (int(x) for x in str(spec).split(","))
+      merge.swap_plan(num_layers, b, u, t, t)
+    if int(c.lora.rank) < 1:
+      raise ValueError(f"lora.rank must be positive, got {c.lora.rank}")
+  if c.get("maet_neurons") and c.maet_neurons.enabled:
+    merge.core.check_range("maet_neurons.key_ratio", c.maet_neurons.key_ratio, 0.0, 1.0, low_open=True)
+
+
+def plain(stacked):
+  """Stacked composites (LoRA or neuron-masked) as stacked plain parameters: LoRA merged
+  into its base, a neuron composite's params."""
+  if lora.is_composite(stacked):
+    return jax.jit(jax.vmap(lora.merge_into))(stacked["base"], stacked["lora"])
+  if neurons.is_composite(stacked):
+    return stacked["params"]
+  return stacked
+
+
+def _stack(trees):
+  return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
+
+
+def _member(stacked, i):
+  return jax.tree.map(lambda x: np.asarray(x[i]), stacked)
+
+
+def _stage(c, train, opt) -> ml_collections.ConfigDict:
+  s = ml_collections.ConfigDict({"train": train.to_dict(), "opt": opt.to_dict(), "mesh": c.mesh.to_dict()})
+  if c.get("sharding_rules"):
+    s.sharding_rules = c.sharding_rules
+  return s
+
+
+def train_lora(c, cfg, base, seeds, data, sets, val_score, workdir, *, stop_after=None, progress=True):
+  """Stage 2b: every LoRA recipe x seed in one ensemble. Returns ({recipe name: [adapters
+  per seed]}, loop output), or (None, out) when stopped early."""
+  recipes = lora_plan(c)
+  one = _member(base, 0)
+  presets = sorted(set(c.lora.presets) | set(c.lora.simultaneous_presets)) or ["C"]
+  labels = {p: partition.labels(one, partition.preset_rules(p, cfg.num_layers, c.partition.bottom, c.partition.top,
+                                                            c.partition.embeddings, c.partition.head))
+            for p in presets}
+  adapters0 = lora.init(one, jax.random.key(0), rank=c.lora.rank, alpha=c.lora.alpha)
+  trainable = lora.split({"base": one, "lora": adapters0})[0]
+  cell_tree, cells = partition.refine([lora.labels(trainable, labels[p]) for p in presets])
+  flags = lambda what: tuple(bool(f) for f in (np.ones(len(cells), bool) if what is ALL else
+                                               partition.cells_of(presets.index(what[0]), what[1], cells)))
+  members, init, member_sets = [], [], []
+  for r in recipes:
+    for i, s in enumerate(seeds):
+      members.append(loop_lib.Member(f"{r.name}/seed_{s}", 2000 + s, tuple(data[d] for d, _ in r.phases),
+                                     tuple(flags(w) for _, w in r.phases), r.steps_per_phase))
+      init.append({"base": _member(base, i),
+                   "lora": lora.init(one, jax.random.key(3000 + s), rank=c.lora.rank, alpha=c.lora.alpha)})
+      member_sets.append([n for role in r.val for n in sets[role]])
+  st = _stage(c, c.lora.train, c.lora.opt)
+  print(f"testbed: {len(recipes)} LoRA recipes x {len(seeds)} seeds, rank {c.lora.rank}, "
+        f"{lora.num_params(adapters0):,} adapter parameters per model; cells {list(cells)}", flush=True)
+  tuned, out = runner.train_and_select(
+      st, cfg, members, val_score(member_sets), os.path.join(workdir, "lora"), init_params=_stack(init),
+      tx=partition.gated_optimizer(st.opt, cell_tree, cells), stop_after=stop_after, progress=progress)
+  if tuned is None:
+    return None, out
+  adapters = tuned["lora"]
+  return {r.name: [_member(adapters, k * len(seeds) + i) for i in range(len(seeds))]
+          for k, r in enumerate(recipes)}, out
+
+
+def compose_lora(c, base, adapters: dict) -> dict:
+  """The LoRA models of one seed, merged into `base`: each trained recipe, the LoRA layer
+  swaps and LoRA freeze-then-train."""
+  models = {name: lora.merge_into(base, a) for name, a in adapters.items()}  # recipe order
+  task, lang = adapters["LoRA task expert"], adapters["LoRA language expert"]
+  for spec in c.lora.swaps:
+    b, u, t = (int(x) for x in str(spec).split(","))
+    swapped = merge.layer_swap(task, lang, bottom=b, top=u, lower_transition=t, upper_transition=t,
+                               non_block="average")
+    models[f"LoRA layer swap b={b} u={u} t={t}"] = lora.merge_into(base, swapped)
+  for p in c.lora.presets:
+    # each partial expert's adapters outside its partition kept b = 0, so merging both in
+    # composes the two partitions exactly
+    both = lora.merge_into(base, adapters[f"partial LoRA task expert [{p}]"])
+    models[f"LoRA freeze-then-train [{p}]"] = lora.merge_into(both, adapters[f"partial LoRA language expert [{p}]"])
+  return {k: jax.tree.map(np.asarray, v) for k, v in models.items()}  # (tree.map would sort the names)
+
+
+def train_maet_neurons(c, cfg, base, seeds, data, sets, val_score, workdir, *, stop_after=None, progress=True):
+  """Stages 2c-2d: short runs, key neurons, training on them. Returns ([{"ability",
+  "source", "ability_neurons", "source_neurons"} per seed], out) or (None, out)."""
+  m = c.maet_neurons
+  short = _stage(c, m.short.train, m.short.opt)
+  members = [loop_lib.Member(f"MAET short {d}/seed_{s}", 4000 + s, data[d]) for d in ("task", "source_language")
+             for s in seeds]
+  out = loop_lib.train_ensemble(short, cfg, members, None, os.path.join(workdir, "maet_short"),
+                                init_params=_stack([_member(base, i) for _ in range(2) for i in range(len(seeds))]),
+                                stop_after=stop_after, progress=progress)
+  if not out["finished"]:
+    return None, out
+  ran = out["state"]["params"]
+  located = []
+  for i in range(len(seeds)):
+    b = _member(base, i)
+    n_a = neurons.locate(_member(ran, i), b, m.key_ratio)
+    n_l0 = neurons.locate(_member(ran, len(seeds) + i), b, m.key_ratio)
+    located.append((b, neurons.union(b, n_a, n_l0), neurons.expand(n_l0, b)))
+  members, init, member_sets = [], [], []
+  for role, d in (("ability", "task"), ("source", "source_language")):
+    for i, s in enumerate(seeds):
+      b, union, source = located[i]
+      members.append(loop_lib.Member(f"MAET {role} model (trained neurons)/seed_{s}", 5000 + s, data[d]))
+      init.append(neurons.composite(b, union if role == "ability" else source))
+      member_sets.append(sets["task" if role == "ability" else "source_language"])
+  ft = _stage(c, c.finetune.train, c.finetune.opt)
+  print(f"testbed: MAET key neurons, seed {seeds[0]}: ability + source {neurons.describe(located[0][1])}, "
+        f"source {neurons.describe(located[0][2])}", flush=True)
+  tuned, out = runner.train_and_select(
+      ft, cfg, members, val_score(member_sets), os.path.join(workdir, "maet_neurons"), init_params=_stack(init),
+      tx=neurons.masked(train_lib.make_optimizer(ft.opt)), stop_after=stop_after, progress=progress)
+  if tuned is None:
+    return None, out
+  n = len(seeds)
+  return [{"ability": _member(tuned["params"], i), "source": _member(tuned["params"], n + i),
+           "ability_neurons": located[i][1], "source_neurons": located[i][2]} for i in range(n)], out
+
+
+def compose_maet(c, base, trained: dict, language_expert) -> dict:
+  """MAET with trained neurons for one seed (and its ability model, for reference)."""
+  options = {k: v for k, v in c.merge.maet.to_dict().items() if k != "key_ratio"}
+  merged = merge.maet(base, trained["ability"], trained["source"], [language_expert], **options,
+                      ability_neurons=trained["ability_neurons"], source_neurons=trained["source_neurons"])
+  return {"MAET ability model (trained neurons)": trained["ability"], "MAET (trained neurons)": merged}
