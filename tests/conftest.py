@@ -19,6 +19,11 @@ sys.path.insert(0, str(REPO))  # so configs/ and xlt/ import from a plain checko
 @pytest.fixture
 def graph_config():
   """configs/graph.py shrunk to a model and budget that train in seconds."""
+  return small_graph_config()
+
+
+def small_graph_config():
+  """The `graph_config` fixture's config, for module-scoped fixtures."""
   from configs import graph
 
   c = graph.get_config()

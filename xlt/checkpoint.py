@@ -2,11 +2,16 @@
 own bookkeeping (early stopping, history) are saved together, atomically (orbax writes
 to a temporary directory and renames it), so a run killed at any point resumes where
 the last checkpoint left it and ends with the same parameters as an uninterrupted run.
+
+A checkpoint damaged after it was written (a half-synced copy, a failing disk) is reported in
+one line, renamed aside to `<step>.damaged` (kept for inspection, never deleted; orbax no
+longer sees it) and the run resumes from the newest one that restores.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 
 import grain
@@ -27,16 +32,42 @@ def save(mngr: ocp.CheckpointManager, step: int, state, data_iter, loop: dict):
       loop=ocp.args.JsonSave(loop)))
 
 
+class CheckpointError(RuntimeError):
+  """No checkpoint of a run can be restored."""
+
+
 def restore(mngr: ocp.CheckpointManager, abstract_state, data_iter):
-  """Restores the latest checkpoint into `abstract_state`'s shapes and shardings (and
-  `data_iter`'s position, in place). Returns (state, loop) or None when there is none."""
-  step = mngr.latest_step()
-  if step is None:
-    return None
-  out = mngr.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(data_iter),
-      loop=ocp.args.JsonRestore()))
-  return out["state"], out["loop"]
+  """Restores the newest checkpoint that restores into `abstract_state`'s shapes and
+  shardings (and `data_iter`'s position, in place). Returns (state, loop), or None when there
+  is none. Damaged ones are reported and set aside; if every one is damaged, CheckpointError."""
+  directory, failures = str(mngr.directory), []
+  for step in sorted(mngr.all_steps(), reverse=True):
+    try:
+      out = mngr.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(data_iter),
+          loop=ocp.args.JsonRestore()))
+      return out["state"], out["loop"]
+    except Exception as e:  # orbax, tensorstore and json each raise their own kinds
+      why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+      failures.append(f"step {step} ({why})")
+      aside = _set_aside(directory, step)
+      print(f"xlt: checkpoint step {step} in {directory} cannot be restored ({why}); moved to {aside}, "
+            f"trying an older one", file=sys.stderr, flush=True)
+      mngr.reload()
+  if failures:
+    raise CheckpointError(f"no checkpoint in {directory} can be restored: {'; '.join(failures)}. The damaged "
+                          f"ones are kept as <step>.damaged; move {os.path.dirname(directory)} away (or delete "
+                          f"{directory}) to start the run fresh")
+  return None
+
+
+def _set_aside(directory: str, step: int) -> str:
+  """Renames checkpoint `step` to `<step>.damaged` (numbered if that exists) and returns the new path."""
+  src, dst, k = os.path.join(directory, str(step)), os.path.join(directory, f"{step}.damaged"), 1
+  while os.path.exists(dst):
+    dst, k = os.path.join(directory, f"{step}.damaged.{k}"), k + 1
+  os.rename(src, dst)
+  return dst
 
 
 def abstract(tree, shardings):

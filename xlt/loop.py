@@ -16,7 +16,6 @@ import os
 import time
 from typing import Callable, Sequence
 
-from absl import logging
 import jax
 import numpy as np
 import optax
@@ -114,8 +113,8 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
 
   platform = mesh.devices.flat[0].platform
   strategy = ensemble_lib.resolve(t.get("ensemble", "auto"), platform)
-  logging.info("training %d members together: %s over the ensemble axis on %s", len(members), strategy,
-               platform)
+  if progress:  # which strategy ran belongs in the run's log (main.py keeps absl at WARNING)
+    tqdm.write(f"training {len(members)} members together: {strategy} over the ensemble axis on {platform}")
 
   @functools.lru_cache(maxsize=None)
   def step_for(n):  # one compiled step per ensemble size: stopped members drop out
