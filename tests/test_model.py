@@ -1,4 +1,5 @@
 import jax
+import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -92,3 +93,28 @@ def test_bad_model_config():
     model.Config(vocab_size=0)
   with pytest.raises(ValueError, match="pos_embedding"):
     model.Config(vocab_size=10, pos_embedding="alibi")
+
+
+def test_causal_attention_and_its_gradient_equal_the_plain_softmax():
+  """The normalise-after-values order (and the stop_gradient on the row max) changes
+  neither the attention nor its gradient."""
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 3, 7, 4)) * 3 for i in range(3))
+  mask = jnp.tril(jnp.ones((7, 7), bool))
+
+  def plain(q, k, v):
+    s = jnp.where(mask, jnp.einsum("bhtk,bhsk->bhts", q, k), -jnp.inf)
+    return jnp.einsum("bhts,bhsk->bthk", jax.nn.softmax(s, -1), v)
+
+  def loss(f):
+    return lambda *a: (f(*a) * jnp.arange(4.0)).sum()
+
+  np.testing.assert_allclose(model.causal_attention(q, k, v, mask), plain(q, k, v), rtol=1e-5, atol=1e-6)
+  for g, g_plain in zip(jax.grad(loss(model.causal_attention), (0, 1, 2))(q, k, v, mask),
+                        jax.grad(loss(plain), (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(g, g_plain, rtol=1e-4, atol=1e-5)
+
+
+def test_gelu_and_its_derivative_equal_flax():
+  x = jnp.linspace(-8.0, 8.0, 2001)
+  np.testing.assert_array_equal(model.gelu(x), nn.gelu(x))
+  np.testing.assert_allclose(jax.vmap(jax.grad(model.gelu))(x), jax.vmap(jax.grad(nn.gelu))(x), atol=2e-6)
