@@ -128,6 +128,8 @@ class Attention(nn.Module):
       k_BxHxSxK = jax.lax.dynamic_update_slice(cache[0], k_BxHxTxK.astype(cache[0].dtype), (0, 0, pos, 0))
       v_BxHxSxK = jax.lax.dynamic_update_slice(cache[1], v_BxHxTxK.astype(cache[1].dtype), (0, 0, pos, 0))
       cache = (k_BxHxSxK, v_BxHxSxK)
+      if isinstance(pos, int) and pos == 0:  # prefill: the cache beyond this chunk is empty
+        k_BxHxSxK, v_BxHxSxK = k_BxHxTxK, v_BxHxTxK  # (and masked): attend to the chunk alone
     else:  # training / scoring: the keys are the queries' own positions
       k_BxHxSxK, v_BxHxSxK = k_BxHxTxK, v_BxHxTxK
     t, s = x_BxTxD.shape[1], k_BxHxSxK.shape[2]
