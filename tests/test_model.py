@@ -70,6 +70,25 @@ def test_greedy_decode_with_cache_equals_full_forward_argmax(pos_embedding):
     np.testing.assert_array_equal(row, seq)
 
 
+
+def test_greedy_decode_stops_when_every_row_wrote_eos():
+  cfg = model.Config(vocab_size=20, block_size=40, num_layers=2, num_heads=2, d_model=16)
+  params = model.init_params(cfg, jax.random.key(5))
+  prompts = np.array([[5, 6, 7, 0], [1, 2, 3, 4], [9, 9, 8, 0]], np.int32)
+  lens = np.array([3, 4, 3], np.int32)
+  full = np.asarray(evaluate.greedy_decode(cfg, params, prompts, lens, max_new=30, min_prompt=3))
+  # EOS by rule: the token every row generates soonest, so that every row writes one
+  gens = [list(r[l:]) for r, l in zip(full, lens)]
+  eos = min(set(gens[0]) & set(gens[1]) & set(gens[2]), key=lambda t: max(g.index(t) for g in gens))
+  out = np.asarray(evaluate.greedy_decode(cfg, params, prompts, lens, max_new=30, min_prompt=3, eos_id=eos))
+  ends = []
+  for row, row_full, plen in zip(out, full, lens):
+    end = plen + list(row_full[plen:]).index(eos)
+    np.testing.assert_array_equal(row[:end + 1], row_full[:end + 1])  # the same answer, EOS included
+    ends.append(end)
+  assert max(ends) < out.shape[1] - 1, "the test needs a batch that ends early"
+  np.testing.assert_array_equal(out[:, max(ends) + 1:], 0)  # nothing decoded after the last EOS
+
 def test_rope_attention_depends_only_on_offsets():
   # q.k after rotation is a function of the position offset: shifting both by 7 keeps it
   q, k = jax.random.normal(jax.random.key(0), (2, 1, 5, 3, 8))

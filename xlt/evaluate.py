@@ -19,10 +19,13 @@ from xlt import model as model_lib
 
 
 def greedy_decode(cfg: model_lib.Config, params, prompts_BxP, prompt_len_B, *, max_new: int,
-                  min_prompt: int):
+                  min_prompt: int, eos_id: int | None = None):
   """Returns tokens [B, P + max_new]: each prompt followed by its greedy continuation.
 
-  `min_prompt` (static) is the shortest prompt length in the batch.
+  `min_prompt` (static) is the shortest prompt length in the batch. With `eos_id`, decoding
+  stops once every row has written EOS after its prompt (later positions stay 0): the
+  answers up to EOS are the same, and evaluation, a large share of an early-stopped run,
+  no longer pays for the longest possible answer on every batch.
   """
   b, p = prompts_BxP.shape
   length = p + max_new
@@ -33,23 +36,31 @@ def greedy_decode(cfg: model_lib.Config, params, prompts_BxP, prompt_len_B, *, m
   logits_BxTxV, cache = model_lib.apply(cfg, params, buf_BxL[:, :min_prompt], cache, 0)
   next_B = jnp.argmax(logits_BxTxV[:, -1], axis=-1).astype(jnp.int32)
 
-  def body(carry, i):
-    buf_BxL, cache, next_B = carry
+  def finished(i, next_B):  # is the token for position i an EOS after the prompt?
+    if eos_id is None:
+      return jnp.zeros((b,), bool)
+    return (i >= prompt_len_B) & (next_B == eos_id)
+
+  def body(carry):
+    i, buf_BxL, cache, next_B, done_B = carry
     tok_B = jnp.where(i < prompt_len_B, buf_BxL[:, i], next_B)
     buf_BxL = buf_BxL.at[:, i].set(tok_B)
     logits_Bx1xV, cache = model_lib.apply(cfg, params, tok_B[:, None], cache, i)
-    return (buf_BxL, cache, jnp.argmax(logits_Bx1xV[:, 0], axis=-1).astype(jnp.int32)), None
+    next_B = jnp.argmax(logits_Bx1xV[:, 0], axis=-1).astype(jnp.int32)
+    return i + 1, buf_BxL, cache, next_B, done_B | finished(i + 1, next_B)
 
-  # The last position needs no forward pass: only its token is written.
-  (buf_BxL, _, next_B), _ = jax.lax.scan(body, (buf_BxL, cache, next_B),
-                                         jnp.arange(min_prompt, length - 1))
-  last = length - 1
-  return buf_BxL.at[:, last].set(jnp.where(last < prompt_len_B, buf_BxL[:, last], next_B))
+  # Stops at the last position (it needs no forward pass, only its token written) or when
+  # every row's pending token or an earlier one is its EOS; that pending token is written last.
+  i, buf_BxL, _, next_B, _ = jax.lax.while_loop(
+      lambda c: (c[0] < length - 1) & ~c[4].all(), body,
+      (jnp.int32(min_prompt), buf_BxL, cache, next_B, finished(min_prompt, next_B)))
+  return buf_BxL.at[:, i].set(jnp.where(i < prompt_len_B, buf_BxL[:, i], next_B))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "min_prompt", "strategy"))
-def ensemble_decode(cfg, params, prompts_ExBxP, prompt_len_ExB, *, max_new, min_prompt, strategy="auto"):
-  fn = functools.partial(greedy_decode, cfg, max_new=max_new, min_prompt=min_prompt)
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "min_prompt", "strategy", "eos_id"))
+def ensemble_decode(cfg, params, prompts_ExBxP, prompt_len_ExB, *, max_new, min_prompt, strategy="auto",
+                    eos_id=None):
+  fn = functools.partial(greedy_decode, cfg, max_new=max_new, min_prompt=min_prompt, eos_id=eos_id)
   return ensemble_lib.over_members(fn, ensemble_lib.resolve(strategy))(params, prompts_ExBxP, prompt_len_ExB)
 
 
@@ -87,7 +98,7 @@ def decode_answers(cfg, params, prompt_sets: list[list[list[int]]], *, max_new: 
   for start in range(0, prompts.shape[1], batch):
     toks = np.asarray(ensemble_decode(cfg, params, prompts[:, start:start + batch],
                                       lens[:, start:start + batch], max_new=max_new,
-                                      min_prompt=min_prompt))
+                                      min_prompt=min_prompt, eos_id=eos_id))
     for k in range(e):
       for row, plen in zip(toks[k], lens[k, start:start + batch]):
         gen = row[plen:].tolist()
