@@ -192,6 +192,11 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
       if rows is not None:
         batch = distributed.global_batch(batch, batch_sh)
       sub, metrics = step_for(len(live))[0](sub, batch)
+      if rows is not None and platform == "cpu":
+        # XLA:CPU across processes: a host-side op (the lr for the log, an evaluation's
+        # indexing) dispatched while a step waits in a cross-process collective hung the run
+        # for good, at random steps, on a 2-core machine; so each step finishes first.
+        jax.block_until_ready(metrics)
       step += 1
       # Read the previous step's metrics only now, so the host never waits on the step
       # it just dispatched.
