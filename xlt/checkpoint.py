@@ -6,6 +6,11 @@ the last checkpoint left it and ends with the same parameters as an uninterrupte
 A checkpoint damaged after it was written (a half-synced copy, a failing disk) is reported in
 one line, renamed aside to `<step>.damaged` (kept for inspection, never deleted; orbax no
 longer sees it) and the run resumes from the newest one that restores.
+
+With several processes (xlt.distributed) every process saves and restores together (orbax
+writes the arrays' shards from the processes that hold them; grain one iterator file per
+process), and process 0 alone reports and sets aside a damaged checkpoint and writes the best
+parameters. A checkpoint restores only with the number of processes that wrote it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from xlt import distributed
 
 
 def manager(directory: str, max_to_keep: int = 2) -> ocp.CheckpointManager:
@@ -42,6 +49,7 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, data_iter):
   is none. Damaged ones are reported and set aside; if every one is damaged, CheckpointError."""
   directory, failures = str(mngr.directory), []
   for step in sorted(mngr.all_steps(), reverse=True):
+    _check_process_count(directory, step)
     try:
       out = mngr.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(data_iter),
@@ -50,15 +58,30 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, data_iter):
     except Exception as e:  # orbax, tensorstore and json each raise their own kinds
       why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
       failures.append(f"step {step} ({why})")
-      aside = _set_aside(directory, step)
-      print(f"xlt: checkpoint step {step} in {directory} cannot be restored ({why}); moved to {aside}, "
-            f"trying an older one", file=sys.stderr, flush=True)
+      # every process fails on the same files; one renames them, the others wait for it
+      if distributed.is_main():
+        aside = _set_aside(directory, step)
+        print(f"xlt: checkpoint step {step} in {directory} cannot be restored ({why}); moved to {aside}, "
+              f"trying an older one", file=sys.stderr, flush=True)
+      distributed.barrier(f"xlt_set_aside_{step}")
       mngr.reload()
   if failures:
     raise CheckpointError(f"no checkpoint in {directory} can be restored: {'; '.join(failures)}. The damaged "
                           f"ones are kept as <step>.damaged; move {os.path.dirname(directory)} away (or delete "
                           f"{directory}) to start the run fresh")
   return None
+
+
+def _check_process_count(directory: str, step: int):
+  """A ValueError (not damage: nothing is set aside) when checkpoint `step` was written by a
+  different number of processes: grain's iterator files are per process."""
+  data = os.path.join(directory, str(step), "data")
+  counts = {f.rsplit("-of-", 1)[1].removesuffix(".json") for f in os.listdir(data)
+            if f.startswith("process_") and "-of-" in f} if os.path.isdir(data) else set()
+  want = str(jax.process_count())
+  if counts and want not in counts:
+    raise ValueError(f"checkpoint step {step} in {directory} was written by {' or '.join(sorted(counts))} "
+                     f"process(es), this run has {want}: resume it with as many processes (or use a new workdir)")
 
 
 def _set_aside(directory: str, step: int) -> str:
@@ -98,7 +121,7 @@ class BestParams:
     improved = scores > self.scores[ids]
     if not improved.any():
       return
-    host = [np.asarray(x) for x in jax.tree.leaves(params)]
+    host = jax.tree.leaves(distributed.to_host(params))  # gathered if sharded across processes
     if self.leaves is None:
       if len(ids) != len(self.scores):
         raise ValueError(f"{self.path} is missing but some members already stopped: use a fresh workdir")
@@ -106,6 +129,8 @@ class BestParams:
     for best, new in zip(self.leaves, host):
       best[ids[improved]] = new[improved]
     self.scores[ids[improved]] = scores[improved]
+    if not distributed.is_main():  # every process keeps the best params; one writes them
+      return
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".npz.tmp")
     with os.fdopen(fd, "wb") as f:
       np.savez(f, scores=self.scores, **{f"leaf_{k}": x for k, x in enumerate(self.leaves)})

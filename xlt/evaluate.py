@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xlt import distributed
 from xlt import ensemble as ensemble_lib
 from xlt import model as model_lib
 
@@ -96,9 +97,10 @@ def decode_answers(cfg, params, prompt_sets: list[list[list[int]]], *, max_new: 
   min_prompt = int(lens.min())
   out = [[] for _ in range(e)]
   for start in range(0, prompts.shape[1], batch):
-    toks = np.asarray(ensemble_decode(cfg, params, prompts[:, start:start + batch],
-                                      lens[:, start:start + batch], max_new=max_new,
-                                      min_prompt=min_prompt, eos_id=eos_id))
+    # to_host: with several processes the tokens may be spread over all of them
+    toks = distributed.to_host(ensemble_decode(cfg, params, prompts[:, start:start + batch],
+                                               lens[:, start:start + batch], max_new=max_new,
+                                               min_prompt=min_prompt, eos_id=eos_id))
     for k in range(e):
       for row, plen in zip(toks[k], lens[k, start:start + batch]):
         gen = row[plen:].tolist()

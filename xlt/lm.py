@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xlt import distributed
 from xlt import ensemble as ensemble_lib
 from xlt import model as model_lib
 from xlt import train as train_lib
@@ -66,6 +67,7 @@ def perplexity(cfg: model_lib.Config, params, tokens, loss_mask, batch: int,
       tok = np.concatenate([tok, np.zeros((batch - len(tok), tok.shape[1]), np.int32)])
       mask = np.concatenate([mask, np.zeros((batch - len(mask), mask.shape[1]), np.float32)])
     s, c = _nll_sums(cfg, params, tok, mask, members, ensemble=ensemble)
+    s, c = distributed.to_host((s, c))  # may be spread over several processes' devices
     nll, count = nll + np.asarray(s, np.float64), count + np.asarray(c, np.float64)
   ppl = np.exp(nll / np.maximum(count, 1.0))
   if not ensemble:

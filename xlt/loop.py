@@ -6,6 +6,9 @@ for `patience` evaluations (or reached `target_score`), but never before `min_st
 (tasks like addition sit on a long plateau before they learn). A stopped member drops
 out of the compiled step (its state stays as it was), and the loop ends when all have
 stopped or after `train.steps` steps.
+
+With several processes (xlt.distributed) every process runs this loop on the same global
+state: each reads its own rows of every batch, and only process 0 logs and writes metrics.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import optax
 from tqdm.auto import tqdm
 
 from xlt import checkpoint as ckpt_lib
+from xlt import distributed
 from xlt import ensemble as ensemble_lib
 from xlt import lora as lora_lib
 from xlt import metrics as metrics_lib
@@ -59,9 +63,10 @@ class Member:
     return (self.train,) if isinstance(self.train, dict) else tuple(self.train)
 
 
-def member_streams(members: Sequence[Member], batch_size: int):
-  """Each member's grain stream. When any member trains by partitions, every batch carries
-  `trainable` flags (all on for the plain members), which the gated optimizer reads."""
+def member_streams(members: Sequence[Member], batch_size: int, rows: np.ndarray | None = None):
+  """Each member's grain stream (only `rows` of each batch, when given: this process's share).
+  When any member trains by partitions, every batch carries `trainable` flags (all on for the
+  plain members), which the gated optimizer reads."""
   cells = {len(f) for m in members if m.trainable is not None for f in m.trainable}
   if len(cells) > 1:
     raise ValueError(f"members disagree on the number of partition cells: {sorted(cells)}")
@@ -70,7 +75,7 @@ def member_streams(members: Sequence[Member], batch_size: int):
     flags = m.trainable
     if flags is None and cells:
       flags = [[True] * next(iter(cells))] * len(m.phases)
-    streams.append(pipeline.phased_batches(m.phases, flags, batch_size, m.seed, m.steps_per_phase))
+    streams.append(pipeline.phased_batches(m.phases, flags, batch_size, m.seed, m.steps_per_phase, rows))
   return streams
 
 
@@ -113,16 +118,21 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
 
   platform = mesh.devices.flat[0].platform
   strategy = ensemble_lib.resolve(t.get("ensemble", "auto"), platform)
+  progress = progress and distributed.is_main()  # one progress bar, not one per process
   if progress:  # which strategy ran belongs in the run's log (main.py keeps absl at WARNING)
     tqdm.write(f"training {len(members)} members together: {strategy} over the ensemble axis on {platform}")
 
   @functools.lru_cache(maxsize=None)
   def step_for(n):  # one compiled step per ensemble size: stopped members drop out
-    return train_lib.make_step(model_cfg, tx, mesh, rules, abstract_state(n), accum, gated, strategy)[:2]
+    return train_lib.make_step(model_cfg, tx, mesh, rules, abstract_state(n), accum, gated, strategy)
 
   gated = any(m.trainable is not None for m in members)
-  _, state_sh = step_for(len(members))
-  data = pipeline.stack(member_streams(members, t.batch_size))
+  _, state_sh, batch_sh = step_for(len(members))
+  seq = members[0].phases[0]["tokens"].shape[1] - 1
+  rows = None
+  if distributed.multi_process():  # this process reads only the rows its devices hold
+    rows = distributed.local_rows(batch_sh["tokens"], (len(members), t.batch_size, seq + 1), axis=1)
+  data = pipeline.stack(member_streams(members, t.batch_size, rows))
   mngr = ckpt_lib.manager(os.path.join(workdir, "ckpt"))
   restored = ckpt_lib.restore(mngr, ckpt_lib.abstract(abstract_state(len(members)), state_sh), data)
   if restored is None:
@@ -135,7 +145,6 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
     state, loop = restored
   writer = metrics_lib.Writer(workdir, [m.name for m in members])
   schedule = train_lib.make_schedule(c.opt)
-  seq = members[0].phases[0]["tokens"].shape[1] - 1
 
   # `state` holds every member (for checkpoints and the result); `live` the indices of
   # the members still training and `sub` a copy of their state, which the compiled step
@@ -180,7 +189,14 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
       batch = next(data)
       if len(live) < len(members):
         batch = {k: v[live] for k, v in batch.items()}
+      if rows is not None:
+        batch = distributed.global_batch(batch, batch_sh)
       sub, metrics = step_for(len(live))[0](sub, batch)
+      if rows is not None and platform == "cpu":
+        # XLA:CPU across processes: a host-side op (the lr for the log, an evaluation's
+        # indexing) dispatched while a step waits in a cross-process collective hung the run
+        # for good, at random steps, on a 2-core machine; so each step finishes first.
+        jax.block_until_ready(metrics)
       step += 1
       # Read the previous step's metrics only now, so the host never waits on the step
       # it just dispatched.

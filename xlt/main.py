@@ -7,11 +7,17 @@ XLA:CPU spends much of a small model's step in malloc, so the process first re-e
 itself with a faster one preloaded (xlt.allocator: mimalloc from xlt's own install, or
 tcmalloc; XLT_ALLOCATOR=system keeps glibc's).
 
+Several processes run one experiment together when started with `--coordinator_address
+--num_processes --process_id` (launch/slurm.sh passes them), or in a Cloud TPU VM slice or a
+multi-task `srun` step, which jax detects (xlt.distributed). Only process 0 prints and writes.
+
 Errors a user can fix (a bad config value, a missing file, a damaged checkpoint, a mesh that
-does not fit the devices) end the command with one line on stderr and exit status 2, so
-cluster scripts can tell them apart from a crash; `--traceback` shows the whole trace.
+does not fit the devices, incomplete process flags) end the command with one line on stderr
+and exit status 2, so cluster scripts can tell them apart from a crash; `--traceback` shows
+the whole trace.
 """
 
+import os
 import sys
 
 from absl import app, flags, logging
@@ -22,17 +28,32 @@ from xlt import allocator
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, metrics and results go")
 _TRACEBACK = flags.DEFINE_bool("traceback", False, "show the full traceback of a user error")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0, with several processes")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "how many processes run the experiment")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "this process's rank, 0 .. num_processes - 1")
+_STOP_AFTER = flags.DEFINE_integer(
+    "stop_after", None, "end the run at this training step, as a preemption would; the same command "
+    "without it resumes from the last checkpoint")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint file at INFO
-  from xlt import checkpoint, experiment, grid
+  from xlt import checkpoint, distributed, experiment, grid
 
   c = _CONFIG.value
   try:
-    (grid.run if c.get("grid") else experiment.run)(c, _WORKDIR.value)
+    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    if not distributed.is_main():
+      # process 0 prints the tables and summaries; the others (C++ libraries included) nothing
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if _STOP_AFTER.value is None:
+      (grid.run if c.get("grid") else experiment.run)(c, _WORKDIR.value)
+    elif c.get("grid"):
+      raise ValueError("--stop_after stops one experiment; a grid config runs several")
+    else:
+      experiment.run(c, _WORKDIR.value, stop_after=_STOP_AFTER.value)
   except (ValueError, KeyError, FileNotFoundError, checkpoint.CheckpointError) as e:
     # xlt checks configs, data files, meshes and checkpoints and raises these with a message
     # that says what to change; anything else is a bug and keeps its traceback.

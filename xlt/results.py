@@ -5,6 +5,9 @@ script across tasks.
 A row: {experiment, task, language, role (source/target), condition (alone/mixed/...),
 metric, mean, std, seeds, values, samples, ...}. Accuracies and validities are
 fractions in [0, 1].
+
+With several processes (xlt.distributed) only process 0 writes: the others compute the same
+rows and tables, and these functions write nothing for them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import os
 import tempfile
 
 import numpy as np
+
+from xlt import distributed
 
 FIELDS = ("experiment", "task", "language", "role", "condition", "metric", "mean", "std", "seeds",
           "samples", "values")
@@ -32,7 +37,10 @@ def make_row(**fields) -> dict:
 
 
 def atomic_write(path: str, text: str):
-  """Writes via a temporary file and a rename, so a crash never leaves a torn file."""
+  """Writes via a temporary file and a rename, so a crash never leaves a torn file. (Process 0
+  only: the others would write the same bytes to the same shared file.)"""
+  if not distributed.is_main():
+    return
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp_")
   with os.fdopen(fd, "w") as f:
@@ -94,7 +102,9 @@ def table(rows: list[dict], metric: str, name: str, sweep: bool) -> str:
 
 
 def plot_curves(path: str, curves: dict[str, list[tuple[int, float]]], ylabel: str):
-  """One line per run: held-out score over training steps."""
+  """One line per run: held-out score over training steps (written by process 0 only)."""
+  if not distributed.is_main():
+    return
   # The Agg canvas without pyplot: draws off-screen and leaves the caller's backend alone
   # (matplotlib.use("Agg") here would stop a notebook's plt.show() from showing anything).
   from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -31,6 +31,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from xlt import distributed
 from xlt import loop as loop_lib
 from xlt import merge
 from xlt import model as model_lib
@@ -170,11 +171,11 @@ def _stage(c, part) -> ml_collections.ConfigDict:
 
 
 def _stack(trees):
-  return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
+  return jax.tree.map(lambda *xs: np.stack(xs), *distributed.to_host(trees))
 
 
 def _member(stacked, i):
-  return jax.tree.map(lambda x: np.asarray(x[i]), stacked)
+  return distributed.to_host(jax.tree.map(lambda x: x[i], stacked))
 
 
 def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None) -> list[dict]:

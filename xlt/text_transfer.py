@@ -55,7 +55,7 @@ import jax
 import numpy as np
 import sentencepiece as spm
 
-from xlt import lm
+from xlt import distributed, lm
 from xlt import loop as loop_lib
 from xlt import model as model_lib
 from xlt import results as results_lib
@@ -173,7 +173,7 @@ def write_samples(path, c, cfg, params, sp, names, member_ids, prompts, specs):
   lines = [f"# temperature {s.temperature}, top-k {s.top_k}, up to {s.max_new} new tokens, "
            f"stops at eos\n"]
   rng = jax.random.key(c.seed)
-  host = jax.tree.map(np.asarray, params)  # slice on the host: no per-leaf device ops
+  host = distributed.to_host(params)  # slice on the host: no per-leaf device ops
   for name, i in zip(names, member_ids):
     one = jax.tree.map(lambda x: x[i], host)
     for role in ROLES:

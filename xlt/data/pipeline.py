@@ -9,6 +9,9 @@ A member may *alternate* between training sets (simultaneous partition training)
 p = (i // steps_per_phase) % P of step i draws the next batch of phase p's own stream (one
 iterator per dataset, each advancing only on its own steps), and the batch carries that
 phase's `trainable` flags (which partition cells the step updates, see xlt.partition).
+
+With several processes, each reads only `rows` of every batch (the rows its devices hold,
+xlt.distributed): the same batches, split, so the iterator position is the same on all.
 """
 
 from __future__ import annotations
@@ -19,14 +22,17 @@ import grain
 import numpy as np
 
 
-def member_batches(arrays: dict[str, np.ndarray], batch_size: int, seed: int) -> grain.MapDataset:
-  """Infinite stream of batches of rows of `arrays`, reshuffled every epoch."""
+def member_batches(arrays: dict[str, np.ndarray], batch_size: int, seed: int,
+                   rows: np.ndarray | None = None) -> grain.MapDataset:
+  """Infinite stream of batches of rows of `arrays`, reshuffled every epoch; with `rows`,
+  only those rows of each batch."""
   n = len(next(iter(arrays.values())))
   if n == 0:
     raise ValueError("cannot build batches from an empty training set")
   ds = grain.MapDataset.range(n).shuffle(seed=seed).repeat(reseed_each_epoch=True)
   ds = ds.batch(batch_size, drop_remainder=True)
-  return ds.map(lambda idx: {k: v[np.asarray(idx)] for k, v in arrays.items()})
+  take = slice(None) if rows is None else np.asarray(rows)
+  return ds.map(lambda idx: {k: v[np.asarray(idx)[take]] for k, v in arrays.items()})
 
 
 class _Phases(grain.MapDataset):
@@ -49,19 +55,20 @@ class _Phases(grain.MapDataset):
 
 
 def phased_batches(phases: Sequence[dict[str, np.ndarray]], trainable, batch_size: int, seed: int,
-                   steps_per_phase: int = 1) -> grain.MapDataset:
+                   steps_per_phase: int = 1, rows: np.ndarray | None = None) -> grain.MapDataset:
   """A member's stream over its phases' training sets; `trainable` [P, C] flags per phase
-  (None: a plain stream of the one set, without flags). Phase p shuffles with seed + p."""
+  (None: a plain stream of the one set, without flags). Phase p shuffles with seed + p.
+  `rows`: only those rows of each batch (this process's share)."""
   if trainable is None:
     if len(phases) != 1:
       raise ValueError(f"{len(phases)} training sets need trainable flags for each phase")
-    return member_batches(phases[0], batch_size, seed)
+    return member_batches(phases[0], batch_size, seed, rows)
   trainable = np.asarray(trainable, np.bool_)
   if trainable.ndim != 2 or len(trainable) != len(phases):
     raise ValueError(f"need one row of trainable flags per phase ({len(phases)}), got shape {trainable.shape}")
   if steps_per_phase < 1:
     raise ValueError(f"steps_per_phase must be >= 1, got {steps_per_phase}")
-  streams = [member_batches(a, batch_size, seed + p) for p, a in enumerate(phases)]
+  streams = [member_batches(a, batch_size, seed + p, rows) for p, a in enumerate(phases)]
   return _Phases(streams, trainable, steps_per_phase)
 
 
