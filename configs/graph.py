@@ -6,10 +6,15 @@ Language 1 = node lists, plain ids (N=2048 samples); language 2 = edge lists, pl
 (M=256). Reference validity: lang 2 alone ~23.9%, mixed ~98.05% ± 1.8; lang 1 alone
 98.34%, mixed 98.93% ± 1.1.
 
-Obtained (test validity on 1000 unseen pairs, mean ± std over 3 seeds; 1154 s wall on the
-2-core CPU, 2026-11-21): lang 1 alone 97.53% ± 0.23, mixed 97.93% ± 0.67; lang 2 alone
-44.93% ± 1.79, mixed 90.73% ± 1.40. (This graph has 137 edges and diameter 9, shorter paths
-than the reference's 152-edge graph, so edge lists alone already reach ~45%.) Other pairs: configs/graph_vocab.py, configs/graph_grammar_vocab.py;
+Obtained (test validity on 1000 unseen pairs, mean ± std over seeds 0-2; 744 s wall on the
+2-core CPU, 1.1 GB peak RSS, 2026-11-23, commit ca4965b): lang 1 alone 97.23% ± 0.64, mixed
+97.30% ± 0.17; lang 2 alone 47.47% ± 2.71, mixed 90.23% ± 1.53 (per seed 91.9 / 89.9 / 88.9;
+best validation steps 900-1000 of 1200). (This graph has 137 edges and diameter 9, shorter
+paths than the reference's 152-edge graph, so edge lists alone already reach ~47%.) Short of
+the reference's 98.05%: a probe of the same recipe with 2400 steps (2026-11-22, before the
+attention reorder) stopped the mixed members early at steps 1100-1300 with validation ~0.90
+and test 83.17% ± 3.45, so more steps of this recipe do not close the gap.
+Other pairs: configs/graph_vocab.py, configs/graph_grammar_vocab.py;
 M=512: `--config.mixture.target_samples=512`.
 """
 
@@ -29,7 +34,10 @@ def get_config():
   c.graph = ml_collections.ConfigDict()
   c.graph.num_nodes = 100
   c.graph.edge_prob = 0.02
-  c.graph.seed = 504  # 137 edges, diameter 9 (the reference reports 152 edges)
+  # The rule: of seeds 0..999, the first whose G(100, 0.02) has the most edges, nearest the
+  # reference's 152 (504: 137 edges, diameter 9). The second graph the recipe is reported on
+  # is the next seed by the same rule (700, also 137 edges): --config.graph.seed=700.
+  c.graph.seed = 504
   c.graph.split_seed = 0
   c.graph.sample_seed = 0  # which training paths are drawn (fixed across run seeds)
   c.graph.num_test_pairs = 1000
