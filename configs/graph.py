@@ -14,6 +14,9 @@ paths than the reference's 152-edge graph, so edge lists alone already reach ~47
 the reference's 98.05%: a probe of the same recipe with 2400 steps (2026-11-22, before the
 attention reorder) stopped the mixed members early at steps 1100-1300 with validation ~0.90
 and test 83.17% ± 3.45, so more steps of this recipe do not close the gap.
+The same recipe, unchanged, on the second graph by the rule below (`--config.graph.seed=700`:
+137 edges, diameter 9; 556 s wall, same day): lang 1 alone 96.37% ± 1.10, mixed 96.97% ± 1.17;
+lang 2 alone 45.77% ± 1.80, mixed 87.60% ± 4.26 (per seed 92.3 / 84.0 / 86.5).
 Other pairs: configs/graph_vocab.py, configs/graph_grammar_vocab.py;
 M=512: `--config.mixture.target_samples=512`.
 """
