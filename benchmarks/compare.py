@@ -7,6 +7,7 @@ ensemble, and greedy decoding.
   python benchmarks/compare.py                      # ~6 min on the 2-core CPU
   python benchmarks/compare.py --quick              # smoke test, about a minute
   python benchmarks/compare.py --rounds 3 --json runs/compare.json
+  python benchmarks/compare.py --reference          # on a GPU: + reference-size configs and MFU
 
 Prints a markdown table: date, machine (CPU model, cores), library versions, allocator,
 and per shape xlt tokens/s, PyTorch tokens/s and their ratio (with each round's numbers,
@@ -81,8 +82,54 @@ def _text_proxy():
   return model, c.train.batch_size, m.block_size
 
 
-def plan() -> list[dict]:
-  """The jobs, in the order each worker runs them."""
+def _reference_jobs() -> list[dict]:
+  """The reference-size configs at their own batch, accumulation and dtype (for an
+  accelerator: on a 2-core CPU one text step takes minutes): configs/addition.py and
+  configs/tinystories_reference.py."""
+  from configs import addition, tinystories_reference
+
+  jobs = []
+  for name, module, seq in (("addition_ref_full", addition, 32), ("text_ref", tinystories_reference, None)):
+    c = module.get_config()
+    m, multiple = c.model, c.model.get("vocab_multiple", 8)
+    vocab = -(-(c.tokenizer.vocab_size if "tokenizer" in c else 32) // multiple) * multiple
+    model = dict(_model(m.num_layers, m.d_model, m.num_heads, vocab, m.block_size, m.pos_embedding),
+                 mlp_ratio=m.get("mlp_ratio", 4), tie_embeddings=m.get("tie_embeddings", False),
+                 dtype=m.get("dtype", "float32"))
+    seq = seq or m.block_size
+    accum = c.train.get("grad_accum", 1)
+    jobs.append(dict(kind="train", name=name, model=model, batch=c.train.batch_size, seq=seq, accum=accum,
+                     label=f"{module.__name__.split('.')[-1]}.py: {m.num_layers}×{m.d_model}, {m.num_heads} heads, "
+                           f"vocab {vocab}, {model['dtype']}, batch {c.train.batch_size} × {seq}"
+                           + (f" ({accum} micro-batches)" if accum > 1 else "")))
+  return jobs
+
+
+def flops_per_token(model: dict, seq: int) -> float:
+  """Training FLOPs per token, PaLM's count: 6 x (matmul parameters: the blocks' qkv, proj,
+  fc, proj and the output head) + 12 x layers x seq x width for attention's two matmuls
+  (the whole T x T square, causal or not). Embedding lookups, norms and the optimizer
+  are not counted."""
+  d, layers, r = model["d_model"], model["num_layers"], model.get("mlp_ratio", 4)
+  matmul_params = layers * (4 + 2 * r) * d * d + d * model["vocab_size"]
+  return 6 * matmul_params + 12 * layers * seq * d
+
+
+# Dense peak FLOP/s per chip by compute dtype (vendor datasheets, SXM parts, no sparsity).
+# float32 matmuls run as TF32 on these GPUs by default in XLA (and in torch with
+# allow_tf32, which the torch worker sets on CUDA so both do the same arithmetic).
+PEAK_TFLOPS = {"H100": {"bfloat16": 989.4, "float32": 494.7}, "H200": {"bfloat16": 989.4, "float32": 494.7},
+               "A100": {"bfloat16": 312.0, "float32": 156.0}}
+
+
+def peak_tflops(device: str, dtype: str, override: float = 0.0) -> float | None:
+  if override:
+    return override
+  return next((v.get(dtype) for k, v in PEAK_TFLOPS.items() if k in device), None)
+
+
+def plan(reference: bool = False) -> list[dict]:
+  """The jobs, in the order each worker runs them (`reference`: also _reference_jobs)."""
   graph = _model(6, 64, 4, 112, 128)
   text_model, text_batch, text_seq = _text_proxy()
   t = lambda name, label, model, batch, seq: dict(kind="train", name=name, label=label, model=model,
@@ -98,7 +145,7 @@ def plan() -> list[dict]:
       dict(kind="ensemble", name="ensemble", label=f"{ENSEMBLE} graph models, batch 64 × 29", model=graph,
            batch=64, seq=29, members=ENSEMBLE),
       dict(kind="decode", name="decode", model=graph, **DECODE),
-  ]
+  ] + (_reference_jobs() if reference else [])
 
 
 # --- measurement helpers (used inside the workers) ---
@@ -148,13 +195,13 @@ def xlt_worker(jobs, timing):
 
   compiled = {}  # (cfg, ensemble) -> (step, state shardings): the ensemble job reuses graph_29's
 
-  def step_and_states(cfg, ensemble, copies=1, strategy="auto"):
+  def step_and_states(cfg, ensemble, copies=1, strategy="auto", accum=1):
     """xlt's jitted step for `ensemble` members, and `copies` independent states for it."""
-    if (cfg, ensemble, strategy) not in compiled:
+    if (cfg, ensemble, strategy, accum) not in compiled:
       abstract = jax.eval_shape(lambda: train_lib.init_state(cfg, tx, list(range(ensemble))))
-      compiled[cfg, ensemble, strategy] = train_lib.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract,
-                                                              strategy=strategy)[:2]
-    step, st_sh = compiled[cfg, ensemble, strategy]
+      compiled[cfg, ensemble, strategy, accum] = train_lib.make_step(
+          cfg, tx, mesh, sharding.DEFAULT_RULES, abstract, accum=accum, strategy=strategy)[:2]
+    step, st_sh = compiled[cfg, ensemble, strategy, accum]
     with jax.set_mesh(mesh):
       init = jax.jit(lambda s: train_lib.init_state(cfg, tx, s), out_shardings=st_sh)
       states = [init(np.arange(ensemble) + ensemble * k) for k in range(copies)]
@@ -179,7 +226,7 @@ def xlt_worker(jobs, timing):
     cfg = model_lib.Config(**job["model"])
     b, t = job.get("batch"), job.get("seq")
     if job["kind"] == "train":
-      step, states = step_and_states(cfg, 1)
+      step, states = step_and_states(cfg, 1, accum=job.get("accum", 1))
       dt = timed(step, states, batch_for(cfg, 1, b, t))
       out[job["name"]] = {"tokens_per_s": b * t / dt, "step_ms": dt * 1e3}
     elif job["kind"] == "ensemble":
@@ -218,14 +265,25 @@ def torch_worker(jobs, timing):
 
   torch.set_num_threads(os.cpu_count())
   torch.manual_seed(0)
+  dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+  # XLA computes float32 matmuls on NVIDIA GPUs as TF32 by default; let torch do the same
+  torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+
+  def sync():
+    if dev.type == "cuda":
+      torch.cuda.synchronize()
 
   def model_and_opt(job):
-    net = torch_gpt.GPT(torch_gpt.Config(**job["model"]))
+    net = torch_gpt.GPT(torch_gpt.Config(**job["model"])).to(dev)
     return net, torch_gpt.make_optimizer(net)
 
   def data(job):
     v = job["model"]["vocab_size"]
-    return torch.randint(0, v, (job["batch"], job["seq"] + 1)), torch.ones(job["batch"], job["seq"])
+    return (torch.randint(0, v, (job["batch"], job["seq"] + 1), device=dev),
+            torch.ones(job["batch"], job["seq"], device=dev))
+
+  def autocast(job):  # bfloat16 as xlt's: float32 weights, bfloat16 compute
+    return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=job["model"].get("dtype") == "bfloat16")
 
   out = {}
   for job in jobs:
@@ -236,20 +294,22 @@ def torch_worker(jobs, timing):
       tokens, mask = data(job)
 
       def run():
-        for net, opt in members:
-          torch_gpt.train_step(net, opt, tokens, mask)
+        with autocast(job):
+          for net, opt in members:
+            torch_gpt.train_step(net, opt, tokens, mask, accum=job.get("accum", 1))
+        sync()
 
       dt = median_seconds(run, timing["warmup"], timing["steps"], timing["min_seconds"])
       tps = len(members) * b * t / dt
       out[job["name"]] = ({"separate": tps} if job["kind"] == "ensemble" else
                           {"tokens_per_s": tps, "step_ms": dt * 1e3})
     elif job["kind"] == "decode":
-      net = torch_gpt.GPT(torch_gpt.Config(**job["model"])).eval()
-      prompts = torch.randint(0, job["model"]["vocab_size"], (job["batch"], job["prompt"]))
-      lens = torch.full((job["batch"],), job["prompt"])
+      net = torch_gpt.GPT(torch_gpt.Config(**job["model"])).to(dev).eval()
+      prompts = torch.randint(0, job["model"]["vocab_size"], (job["batch"], job["prompt"]), device=dev)
+      lens = torch.full((job["batch"],), job["prompt"], device=dev)
 
       def decode(new):
-        return lambda: torch_gpt.greedy_decode(net, prompts, lens, max_new=new, min_prompt=job["prompt"])
+        return lambda: (torch_gpt.greedy_decode(net, prompts, lens, max_new=new, min_prompt=job["prompt"]), sync())
 
       full = median_seconds(decode(job["new"]), 1, timing["decode_steps"])
       prefill = median_seconds(decode(1), 1, timing["decode_steps"])
@@ -271,15 +331,18 @@ def worker_main(a):
     versions = {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
                 "optax": optax.__version__}
     threads = f"XLA default ({os.cpu_count()} cores)"
+    device = jax.devices()[0].device_kind
     results = xlt_worker(p["jobs"], p["timing"])
   else:
     import torch
 
     versions = {"torch": torch.__version__}
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     results = torch_worker(p["jobs"], p["timing"])
     threads = f"torch.set_num_threads({torch.get_num_threads()})"
   with open(a.out, "w") as f:
-    json.dump({"results": results, "versions": versions, "allocator": allocator(), "threads": threads}, f)
+    json.dump({"results": results, "versions": versions, "allocator": allocator(), "threads": threads,
+               "device": device}, f)
 
 
 # --- the parent: rounds, table, JSON ---
@@ -350,7 +413,8 @@ def table(report: dict) -> str:
   lines = [
       f"## xlt vs PyTorch eager, {report['date']}",
       "",
-      f"- machine: {m['cpu']}, {m['cores']} cores",
+      f"- machine: {m['cpu']}, {m['cores']} cores; devices: "
+      + ", ".join(f"{'xlt' if k == 'xlt' else 'PyTorch'} {i.get('device', 'cpu')}" for k, i in info.items()),
       "- versions: " + ", ".join(f"{k} {v}" for i in info.values() for k, v in i["versions"].items()),
       "- allocator: " + ", ".join(f"{'xlt' if k == 'xlt' else 'PyTorch'} {i['allocator']}" for k, i in info.items()),
       "- threads: " + ", ".join(i["threads"] for i in info.values())
@@ -372,6 +436,7 @@ def table(report: dict) -> str:
       x, t = get("xlt", name, "tokens_per_s"), get("torch", name, "tokens_per_s")
       lines.append(f"| {j['label']} | {_fmt(med(x))} | {_fmt(med(t))} | {_ratio(med(x), med(t))} | "
                    f"{per_round(x)} | {per_round(t)} |")
+  lines += _mfu_lines(report, jobs, get, med)
   ens = jobs.get("ensemble")
   if ens:
     tog, vm, sep, t = (get("xlt", "ensemble", "together"), get("xlt", "ensemble", "vmap"),
@@ -402,6 +467,33 @@ def table(report: dict) -> str:
   return "\n".join(lines)
 
 
+def _mfu_lines(report, jobs, get, med) -> list[str]:
+  """Model FLOP utilisation of each training shape, where the device's peak is known
+  (PEAK_TFLOPS) or given (--peak_tflops)."""
+  info = {impl: report["rounds"][0][impl] for impl in ("xlt", "torch") if impl in report["rounds"][0]}
+  rows = []
+  for name, j in jobs.items():
+    if j["kind"] != "train":
+      continue
+    dtype = j["model"].get("dtype", "float32")
+    fpt = flops_per_token(j["model"], j["seq"])
+    cells = []
+    for impl in ("xlt", "torch"):
+      tps = med(get(impl, name, "tokens_per_s")) if impl in info else None
+      peak = peak_tflops(info[impl].get("device", "cpu"), dtype, report.get("peak_tflops", 0.0)) if impl in info else None
+      tflops = None if tps is None else tps * fpt / 1e12
+      cells += [_fmt(tflops) if tflops is not None else "–",
+                "–" if tflops is None or not peak else f"{100 * tflops / peak:.1f}% of {peak:g}"]
+    if any(c != "–" for c in cells[1::2]):
+      rows.append(f"| {j['label']} | {fpt * j['batch'] * j['seq'] / 1e9:,.1f} | " + " | ".join(cells) + " |")
+  if not rows:
+    return []
+  return ["", "Model FLOP utilisation (FLOPs per token: `flops_per_token`; peak: dense TFLOP/s of the "
+              "device for the compute dtype, float32 as TF32):", "",
+          "| shape | GFLOP per step | xlt TFLOP/s | xlt MFU | PyTorch TFLOP/s | PyTorch MFU |",
+          "|---|---|---|---|---|---|", *rows]
+
+
 def main(a):
   impls = ["xlt"] + (["torch"] if version("torch") != "not installed" else [])
   if len(impls) == 1:
@@ -410,7 +502,7 @@ def main(a):
             dict(steps=a.steps, min_seconds=0.0, warmup=3, decode_steps=3))
   rounds = a.rounds or (1 if a.quick else 2)
   report = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": machine(),
-            "timing": timing, "jobs": plan(), "rounds": []}
+            "timing": timing, "jobs": plan(a.reference), "rounds": [], "peak_tflops": a.peak_tflops}
   if a.only:
     names = a.only.split(",")
     unknown = set(names) - {j["name"] for j in report["jobs"]}
@@ -438,6 +530,10 @@ if __name__ == "__main__":
   p.add_argument("--steps", type=int, default=10, help="timed training steps per shape and round")
   p.add_argument("--only", default="", help="comma-separated job names, e.g. graph_29,decode")
   p.add_argument("--json", default="", help="also write every number to this file")
+  p.add_argument("--reference", action="store_true",
+                 help="also the reference-size addition and text configs (for an accelerator)")
+  p.add_argument("--peak_tflops", type=float, default=0.0,
+                 help="the device's peak TFLOP/s for MFU (default: known GPUs only)")
   p.add_argument("--worker", choices=("xlt", "torch"), help=argparse.SUPPRESS)
   p.add_argument("--plan", help=argparse.SUPPRESS)
   p.add_argument("--out", help=argparse.SUPPRESS)

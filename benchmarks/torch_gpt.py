@@ -44,8 +44,9 @@ class Config:
   rope_base: float = 10000.0
 
   def __post_init__(self):
-    if self.dtype != "float32":
-      raise ValueError(f"torch_gpt runs float32 only, got dtype={self.dtype!r}")
+    # bfloat16 as in xlt: float32 weights, the caller computes under torch.autocast
+    if self.dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"torch_gpt runs float32 or bfloat16 (autocast), got dtype={self.dtype!r}")
     if self.pos_embedding not in ("learned", "rope"):
       raise ValueError(f"pos_embedding must be 'learned' or 'rope', got {self.pos_embedding!r}")
 
@@ -86,7 +87,7 @@ class Attention(nn.Module):
     elif pos == 0:
       out_BxHxTxK = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     else:  # a chunk after earlier positions (not used by greedy_decode)
-      mask_TxS = torch.arange(t)[:, None] + pos >= torch.arange(pos + t)[None, :]
+      mask_TxS = torch.arange(t, device=q.device)[:, None] + pos >= torch.arange(pos + t, device=q.device)[None, :]
       out_BxHxTxK = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_TxS)
     return self.proj(out_BxHxTxK.transpose(1, 2).reshape(b, t, d))
 
@@ -160,8 +161,8 @@ class GPT(nn.Module):
   def init_cache(self, batch: int, length: int):
     """Per layer [keys, values], each [B, H, S, K] (the layout SDPA reads), zero-filled."""
     c = self.cfg
-    shape = (batch, c.num_heads, length, c.d_model // c.num_heads)
-    return [[torch.zeros(shape), torch.zeros(shape)] for _ in range(c.num_layers)]
+    shape, device = (batch, c.num_heads, length, c.d_model // c.num_heads), self.wte.weight.device
+    return [[torch.zeros(shape, device=device), torch.zeros(shape, device=device)] for _ in range(c.num_layers)]
 
 
 def load_xlt_params(model: GPT, params) -> GPT:
@@ -230,12 +231,19 @@ def loss_fn(model: GPT, tokens_BxT, loss_mask_BxT):
   return (ce * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def train_step(model: GPT, opt: torch.optim.Optimizer, tokens_BxT, loss_mask_BxT, clip: float = 1.0):
+def train_step(model: GPT, opt: torch.optim.Optimizer, tokens_BxT, loss_mask_BxT, clip: float = 1.0,
+               accum: int = 1):
   """One full step: forward, backward, global-norm clip, AdamW. Returns (loss, grad norm
-  before clipping), as xlt's step; neither is read back, so nothing waits on them."""
+  before clipping), as xlt's step; neither is read back, so nothing waits on them. With
+  `accum` > 1 the batch runs as that many micro-batches whose gradients add up to the
+  whole batch's (xlt.train's gradient accumulation)."""
   opt.zero_grad(set_to_none=True)
-  loss = loss_fn(model, tokens_BxT, loss_mask_BxT)
-  loss.backward()
+  count = loss_mask_BxT.sum().clamp(min=1.0)
+  loss = 0.0
+  for tok, mask in zip(tokens_BxT.chunk(accum), loss_mask_BxT.chunk(accum)):
+    micro = loss_fn(model, tok, mask) * (mask.sum().clamp(min=1.0) / count)
+    micro.backward()
+    loss = loss + micro.detach()
   grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)
   opt.step()
   return loss.detach(), grad_norm
@@ -249,7 +257,7 @@ def greedy_decode(model: GPT, prompts_BxP, prompt_len_B, *, max_new: int, min_pr
   length = p + max_new
   if length > model.cfg.block_size:
     raise ValueError(f"prompt {p} + {max_new} new tokens exceeds the block size {model.cfg.block_size}")
-  buf_BxL = torch.zeros((b, length), dtype=torch.long)
+  buf_BxL = torch.zeros((b, length), dtype=torch.long, device=prompts_BxP.device)
   buf_BxL[:, :p] = prompts_BxP
   cache = model.init_cache(b, length)
   next_B = model(buf_BxL[:, :min_prompt], cache, 0)[:, -1].argmax(-1)

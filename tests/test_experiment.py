@@ -45,6 +45,7 @@ def test_graph_experiment_writes_results(graph_config, tmp_path, monkeypatch):
   assert (tmp_path / "best_params.npz").exists()
   for r in rows:
     assert all(b <= s for b, s in zip(r["best_steps"], r["steps"]))
+    assert len(r["best_val"]) == r["seeds"] and all(0.0 <= v <= 1.0 for v in r["best_val"])
   # a finished experiment is not trained again
   assert experiment.run(graph_config, str(tmp_path), progress=False) == rows
 

@@ -106,10 +106,12 @@ def test_adamw_steps_match_xlt(pos_embedding):
     np.testing.assert_allclose(p.grad.numpy(), want_g[name].numpy(), atol=1e-5 * scale, err_msg=name)
 
   # three full steps; each moves every parameter by about lr (Adam) plus lr x 0.1 x p
-  # (decay): the moves agree to a thousandth of lr
+  # (decay): the moves agree to a thousandth of lr. PyTorch's run as two micro-batches: the
+  # accumulated gradient is the whole batch's
   for _ in range(3):
     state, metrics = train_lib.train_step(state, batch, cfg=cfg, tx=tx)
-    t_loss, t_norm = torch_gpt.train_step(net, opt, t_tokens, t_mask)
+    t_loss, t_norm = torch_gpt.train_step(net, opt, t_tokens, t_mask, accum=2)
+  np.testing.assert_allclose(float(t_loss), float(metrics["loss"]), rtol=1e-5)
   np.testing.assert_allclose(float(t_norm), float(metrics["grad_norm"]), rtol=1e-4)
   want = _tree_in_torch_layout(cfg, state["params"])
   got = net.state_dict()

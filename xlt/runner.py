@@ -48,7 +48,8 @@ def train_and_select(c, model_cfg: model_lib.Config, members: Sequence[loop_lib.
   `init_params` (stacked, one model per member) fine-tunes instead of training from scratch.
 
   Returns (best params, stacked, or None if the run has not finished, e.g. `stop_after`;
-  the loop's output dict, with "best_steps": each member's step of its best score).
+  the loop's output dict, with "best_steps": each member's step of its best score, and
+  "best_val": that score, the number a recipe is chosen by, never the test score).
   """
   best = ckpt_lib.BestParams(os.path.join(workdir, "best_params.npz"), len(members))
 
@@ -61,6 +62,7 @@ def train_and_select(c, model_cfg: model_lib.Config, members: Sequence[loop_lib.
                                 stop_after=stop_after, progress=progress,
                                 init_params=init_params)
   out["best_steps"] = loop_lib.best_steps(out["history"], out["stopped_at"])
+  out["best_val"] = [max(s for _, s in h) if h else None for h in out["history"]]
   if not out["finished"]:
     return None, out
   return best.params(out["state"]["params"]), out

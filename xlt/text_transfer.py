@@ -91,7 +91,8 @@ def corpus_specs(c) -> dict[str, corpus.CorpusSpec]:
 
   A spec whose path is unset takes the proxy file of its role under `c.data.shared_dir`
   (`corpus.proxy_corpora`); every other field stays as the config says. A missing file or an
-  unset path without a shared_dir is a FileNotFoundError / ValueError that names the flag.
+  unset path without a shared_dir is a FileNotFoundError / ValueError that names the flag. Two
+  specs over the same file(s) must be line-aligned (`corpus.check_parallel`).
   """
   shared = c.data.get("shared_dir")
   specs = {}
@@ -112,6 +113,10 @@ def corpus_specs(c) -> dict[str, corpus.CorpusSpec]:
       raise FileNotFoundError(f"config.data.{role}.path: {e}. Set --config.data.{role}.path= to "
                               f"an existing file or glob") from None
     specs[role] = spec
+  # One parallel file read twice (a field per language): the split is keyed by document index,
+  # so index i must be the same story on both sides, or held-out text leaks in translation.
+  if corpus.corpus_files(specs["high"]) == corpus.corpus_files(specs["low"]):
+    corpus.check_parallel(specs["high"], specs["low"])
   return specs
 
 

@@ -138,6 +138,7 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
             values=[test[i][lang][metric] for i in idx], samples=n,
             mixture="+".join(f"{l}:{k}" for l, k in samples),
             best_steps=[out["best_steps"][i] for i in idx],
+            best_val=[out["best_val"][i] for i in idx],
             steps=[out["stopped_at"][i] for i in idx]))
   metric = next(iter(task.test.values())).metric
   results_lib.plot_curves(os.path.join(workdir, "curves.png"),

@@ -27,7 +27,9 @@ So held-out text is in no train subset, limited ⊂ train, the held-out set does
 limited_fraction, and a larger limited_fraction gives a superset. The split depends on the
 index only, not the text or the language: for a translated pair in the same order (the
 reference's English and Czech), a story and its translation fall in the same split, so the
-mixed row never trains on the English of a held-out Czech story. The tokenizer is trained on
+mixed row never trains on the English of a held-out Czech story (two fields of one parallel
+jsonl file are such a pair; `check_parallel` verifies that no line is dropped on one side
+only, which would shift the indices). The tokenizer is trained on
 the train splits only. With the default SplitSpec the proxies below split 5,212 train (508 of
 them limited) / 266 held out.
 
@@ -202,8 +204,10 @@ def _jsonl_records(path: str, field: str) -> Iterator[tuple[int, str | None, str
       yield lineno, record[field], None
 
 
-def _records(spec: CorpusSpec, paths: Sequence[str]) -> Iterator[tuple[str | None, str | None]]:
-  """(document, None) or, with on_error="skip", (None, "file:line: error"); stops at max."""
+def _records(spec: CorpusSpec, paths: Sequence[str]
+             ) -> Iterator[tuple[str, int, str | None, str | None]]:
+  """(file, line, document, None) or, with on_error="skip", (file, line, None, "file:line:
+  error"); stops at max_documents."""
   n_documents = 0
   for path in paths:
     file_records = (_jsonl_records(path, spec.field) if spec.format == "jsonl"
@@ -212,9 +216,9 @@ def _records(spec: CorpusSpec, paths: Sequence[str]) -> Iterator[tuple[str | Non
       if error is not None:
         if spec.on_error == "raise":
           raise ValueError(f"{path}:{lineno}: {error}")
-        yield None, f"{path}:{lineno}: {error}"
+        yield path, lineno, None, f"{path}:{lineno}: {error}"
         continue
-      yield doc, None
+      yield path, lineno, doc, None
       n_documents += 1
       if n_documents == spec.max_documents:
         return
@@ -228,7 +232,7 @@ def iter_documents(spec: CorpusSpec) -> Iterator[str]:
 def _documents(spec: CorpusSpec, paths: Sequence[str]) -> Iterator[str]:
   skipped, first_error = 0, None
   try:
-    for doc, error in _records(spec, paths):
+    for _, _, doc, error in _records(spec, paths):
       if error is None:
         yield doc
       else:
@@ -242,7 +246,7 @@ def _documents(spec: CorpusSpec, paths: Sequence[str]) -> Iterator[str]:
 def count_documents(spec: CorpusSpec) -> CorpusCount:
   """Documents (after max_documents) and skipped malformed lines of a corpus; one pass."""
   documents = skipped = 0
-  for doc, _ in _records(spec, corpus_files(spec)):
+  for _, _, doc, _ in _records(spec, corpus_files(spec)):
     documents += doc is not None
     skipped += doc is None
   return CorpusCount(documents, skipped)
@@ -251,6 +255,32 @@ def count_documents(spec: CorpusSpec) -> CorpusCount:
 def take_documents(documents: Iterable[str], n: int) -> list[str]:
   """The first n documents of a stream (fewer if it is shorter)."""
   return list(itertools.islice(documents, n))
+
+
+def document_lines(spec: CorpusSpec) -> Iterator[tuple[str, int]]:
+  """(file, line) where each document of a corpus starts, in stream order (document i's split
+  index is i)."""
+  return ((path, lineno) for path, lineno, doc, _ in _records(spec, corpus_files(spec))
+          if doc is not None)
+
+
+def check_parallel(a: CorpusSpec, b: CorpusSpec) -> None:
+  """ValueError unless document i of `a` and of `b` start on the same line, for every i both
+  have (a shorter max_documents compares a prefix).
+
+  For two fields of one parallel jsonl file (one story per line) the split then puts a story
+  and its translation in the same split. Without this a line whose field is empty on one side
+  only (dropped silently) or malformed on one side (on_error="skip") would shift every later
+  index of that side by one: the held-out stories of one language would sit, in translation,
+  in the other's training set, and nothing else would notice.
+  """
+  for i, (where_a, where_b) in enumerate(zip(document_lines(a), document_lines(b))):
+    if where_a != where_b:
+      raise ValueError(
+          f"parallel corpora misaligned at document {i}: field {a.field!r} starts at "
+          f"{where_a[0]}:{where_a[1]}, field {b.field!r} at {where_b[0]}:{where_b[1]} (a record "
+          f"empty or malformed on one side only); the split is by document index, so each line "
+          f"must hold a non-empty document in both fields")
 
 
 # ------------------------------------------------------------------------------- splits

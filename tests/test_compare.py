@@ -1,0 +1,30 @@
+"""benchmarks/compare.py's arithmetic: the FLOPs it credits a step with, the peaks it divides
+by, and the reference-size jobs it reads from the configs (no jax or torch needed)."""
+
+import pytest
+
+from benchmarks import compare
+
+
+def test_flops_per_token_counts_matmuls_and_attention():
+  model = dict(num_layers=2, d_model=4, mlp_ratio=4, vocab_size=10)
+  # matmul parameters: 2 layers x (qkv 3 + proj 1 + fc 4 + proj 4) x 4 x 4 + head 4 x 10 = 424
+  # attention: 12 x 2 layers x 3 positions x width 4 = 288
+  assert compare.flops_per_token(model, seq=3) == 6 * 424 + 288
+
+
+def test_peak_is_known_for_datacenter_gpus_or_given():
+  assert compare.peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.4
+  assert compare.peak_tflops("NVIDIA H100 80GB HBM3", "float32") == 494.7
+  assert compare.peak_tflops("cpu", "float32") is None
+  assert compare.peak_tflops("cpu", "float32", override=0.216) == 0.216
+
+
+def test_reference_jobs_follow_the_configs():
+  jobs = {j["name"]: j for j in compare.plan(reference=True)}
+  add, text = jobs["addition_ref_full"], jobs["text_ref"]
+  assert (add["batch"], add["model"]["num_layers"], add["model"]["d_model"]) == (1024, 12, 128)
+  assert (text["batch"], text["seq"], text["accum"]) == (1280, 512, 16)
+  assert text["model"]["dtype"] == "bfloat16" and text["model"]["tie_embeddings"]
+  assert "addition_ref_full" not in {j["name"] for j in compare.plan()}
+  assert compare.flops_per_token(text["model"], text["seq"]) == pytest.approx(3.27e8, rel=0.01)
