@@ -17,6 +17,8 @@ and test 83.17% ± 3.45, so more steps of this recipe do not close the gap.
 The same recipe, unchanged, on the second graph by the rule below (`--config.graph.seed=700`:
 137 edges, diameter 9; 556 s wall, same day): lang 1 alone 96.37% ± 1.10, mixed 96.97% ± 1.17;
 lang 2 alone 45.77% ± 1.80, mixed 87.60% ± 4.26 (per seed 92.3 / 84.0 / 86.5).
+Rerun as a point of configs/graph_table3.py (commit f87b2d7, 660 s): lang 2 alone 45.57% ± 0.59,
+mixed 89.40% ± 0.80 (per seed 90.2 / 89.4 / 88.6); lang 1 alone 97.90% ± 0.69, mixed 97.20% ± 0.36.
 Other pairs: configs/graph_vocab.py, configs/graph_grammar_vocab.py;
 M=512: `--config.mixture.target_samples=512`.
 """
