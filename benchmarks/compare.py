@@ -190,7 +190,8 @@ def xlt_worker(jobs, timing):
   from xlt import train as train_lib
 
   tx = train_lib.make_optimizer(ml_collections.ConfigDict(OPT))
-  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  # every device, as `python -m xlt.main`'s default mesh (on CPU: one per core, xlt.cpu_devices)
+  mesh = sharding.make_mesh({"data": -1})
   rng = np.random.default_rng(0)
 
   compiled = {}  # (cfg, ensemble) -> (step, state shardings): the ensemble job reuses graph_29's
@@ -241,12 +242,12 @@ def xlt_worker(jobs, timing):
                           "separate": e * b * t / separate, "strategy": ensemble.resolve()}
     elif job["kind"] == "decode":
       params = jax.tree.map(lambda x: x[None], model_lib.init_params(cfg, jax.random.key(0)))
+      params = jax.device_put(params, sharding.replicated(mesh))  # as the trained state lives
       prompts = rng.integers(0, cfg.vocab_size, (1, job["batch"], job["prompt"])).astype(np.int32)
       lens = np.full((1, job["batch"]), job["prompt"], np.int32)
 
-      def decode(new):
-        return lambda: jax.block_until_ready(evaluate.ensemble_decode(
-            cfg, params, prompts, lens, max_new=new, min_prompt=job["prompt"]))
+      def decode(new):  # as evaluation decodes: rows spread over the devices, tokens to the host
+        return lambda: evaluate.decode_batch(cfg, params, prompts, lens, max_new=new, min_prompt=job["prompt"])
 
       full = median_seconds(decode(job["new"]), 1, timing["decode_steps"])
       prefill = median_seconds(decode(1), 1, timing["decode_steps"])
@@ -331,7 +332,8 @@ def worker_main(a):
     versions = {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
                 "optax": optax.__version__}
     threads = f"XLA default ({os.cpu_count()} cores)"
-    device = jax.devices()[0].device_kind
+    n = len(jax.devices())
+    device = jax.devices()[0].device_kind + (f" × {n} (batch split over them)" if n > 1 else "")
     results = xlt_worker(p["jobs"], p["timing"])
   else:
     import torch
@@ -539,10 +541,12 @@ if __name__ == "__main__":
   p.add_argument("--out", help=argparse.SUPPRESS)
   args = p.parse_args()
   if args.worker == "xlt":
-    try:  # as `python -m xlt.main` starts: maybe re-exec with a faster malloc, before jax loads
-      from xlt import allocator as _allocator
-    except ImportError:
-      _allocator = None
-    if _allocator is not None:
-      _allocator.preload()
+    # as `python -m xlt.main` starts, before jax loads: the cores as devices, maybe re-exec
+    # with a faster malloc (either module may be missing in an older checkout)
+    for module in ("cpu_devices", "allocator"):
+      try:
+        lib = __import__(f"xlt.{module}", fromlist=[module])
+      except ImportError:
+        continue
+      (lib.configure if module == "cpu_devices" else lib.preload)()
   (worker_main if args.worker else main)(args)

@@ -130,7 +130,9 @@ def test_causal_attention_and_its_gradient_equal_the_plain_softmax():
   np.testing.assert_allclose(model.causal_attention(q, k, v, mask), plain(q, k, v), rtol=1e-5, atol=1e-6)
   for g, g_plain in zip(jax.grad(loss(model.causal_attention), (0, 1, 2))(q, k, v, mask),
                         jax.grad(loss(plain), (0, 1, 2))(q, k, v)):
-    np.testing.assert_allclose(g, g_plain, rtol=1e-4, atol=1e-5)
+    # gradients are O(1); scores reach ~30, whose float32 rounding moves exp() by ~1e-5
+    # (an AMD EPYC's matmul kernels differed from the plain order by 1.5e-5 in places)
+    np.testing.assert_allclose(g, g_plain, rtol=1e-4, atol=1e-4)
 
 
 def test_gelu_and_its_derivative_equal_flax():

@@ -17,6 +17,7 @@ import numpy as np
 from xlt import distributed
 from xlt import ensemble as ensemble_lib
 from xlt import model as model_lib
+from xlt import sharding
 
 
 def greedy_decode(cfg: model_lib.Config, params, prompts_BxP, prompt_len_B, *, max_new: int,
@@ -80,6 +81,15 @@ def pad_prompts(prompt_ids: list[list[int]], batch: int) -> tuple[np.ndarray, np
   return out, lens
 
 
+def decode_batch(cfg, params, prompts_ExBxP: np.ndarray, prompt_len_ExB: np.ndarray, **kwargs) -> np.ndarray:
+  """`ensemble_decode` of host prompts with their rows spread over the devices `params` live
+  on (xlt.sharding.spread: otherwise each device would decode every row); tokens on the host.
+  The batch must divide by the number of those devices."""
+  prompts_ExBxP, prompt_len_ExB = (sharding.spread(x, params, 1) for x in (prompts_ExBxP, prompt_len_ExB))
+  # to_host: with several processes the tokens may be spread over all of them
+  return distributed.to_host(ensemble_decode(cfg, params, prompts_ExBxP, prompt_len_ExB, **kwargs))
+
+
 def decode_answers(cfg, params, prompt_sets: list[list[list[int]]], *, max_new: int, eos_id: int,
                    batch: int = 512) -> list[list[list[int]]]:
   """Greedy answers for one prompt list per ensemble member (all lists the same length).
@@ -89,7 +99,8 @@ def decode_answers(cfg, params, prompt_sets: list[list[list[int]]], *, max_new: 
   e, n = len(prompt_sets), len(prompt_sets[0])
   if any(len(s) != n for s in prompt_sets):
     raise ValueError("every ensemble member needs the same number of prompts")
-  batch = min(batch, n)
+  # a multiple of the devices the params live on, so each decodes its share of the rows
+  batch = sharding.round_up(min(batch, n), sharding.devices_of(params))
   padded = [pad_prompts(s, batch) for s in prompt_sets]
   p = max(x[0].shape[1] for x in padded)
   prompts = np.stack([np.pad(x[0], ((0, 0), (0, p - x[0].shape[1]))) for x in padded])
@@ -97,10 +108,8 @@ def decode_answers(cfg, params, prompt_sets: list[list[list[int]]], *, max_new: 
   min_prompt = int(lens.min())
   out = [[] for _ in range(e)]
   for start in range(0, prompts.shape[1], batch):
-    # to_host: with several processes the tokens may be spread over all of them
-    toks = distributed.to_host(ensemble_decode(cfg, params, prompts[:, start:start + batch],
-                                               lens[:, start:start + batch], max_new=max_new,
-                                               min_prompt=min_prompt, eos_id=eos_id))
+    toks = decode_batch(cfg, params, prompts[:, start:start + batch], lens[:, start:start + batch],
+                        max_new=max_new, min_prompt=min_prompt, eos_id=eos_id)
     for k in range(e):
       for row, plen in zip(toks[k], lens[k, start:start + batch]):
         gen = row[plen:].tolist()

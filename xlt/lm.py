@@ -22,6 +22,7 @@ import numpy as np
 from xlt import distributed
 from xlt import ensemble as ensemble_lib
 from xlt import model as model_lib
+from xlt import sharding
 from xlt import train as train_lib
 
 
@@ -59,13 +60,15 @@ def perplexity(cfg: model_lib.Config, params, tokens, loss_mask, batch: int,
   if n == 0 or loss_mask.shape != (n, tokens.shape[1] - 1):
     raise ValueError(f"need rows tokens [N>0, T] and loss_mask [N, T-1], got {tokens.shape}, "
                      f"{loss_mask.shape}")
-  batch = max(1, min(batch, n))
+  # a multiple of the devices the params live on, so each scores its share of the rows
+  batch = sharding.round_up(max(1, min(batch, n)), sharding.devices_of(params))
   nll, count = 0.0, 0.0
   for start in range(0, n, batch):
     tok, mask = tokens[start:start + batch], loss_mask[start:start + batch]
     if len(tok) < batch:  # pad: zero rows with a zero mask
       tok = np.concatenate([tok, np.zeros((batch - len(tok), tok.shape[1]), np.int32)])
       mask = np.concatenate([mask, np.zeros((batch - len(mask), mask.shape[1]), np.float32)])
+    tok, mask = sharding.spread(tok, params, 0), sharding.spread(mask, params, 0)
     s, c = _nll_sums(cfg, params, tok, mask, members, ensemble=ensemble)
     s, c = distributed.to_host((s, c))  # may be spread over several processes' devices
     nll, count = nll + np.asarray(s, np.float64), count + np.asarray(c, np.float64)

@@ -5,7 +5,8 @@
 
 XLA:CPU spends much of a small model's step in malloc, so the process first re-executes
 itself with a faster one preloaded (xlt.allocator: mimalloc from xlt's own install, or
-tcmalloc; XLT_ALLOCATOR=system keeps glibc's).
+tcmalloc; XLT_ALLOCATOR=system keeps glibc's). On CPU the cores become separate XLA devices,
+so the default mesh trains data-parallel over them (xlt.cpu_devices; XLT_CPU_DEVICES=1: one).
 
 Several processes run one experiment together when started with `--coordinator_address
 --num_processes --process_id` (launch/slurm.sh passes them), or in a Cloud TPU VM slice or a
@@ -23,7 +24,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from xlt import allocator
+from xlt import allocator, cpu_devices
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, metrics and results go")
@@ -64,5 +65,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  cpu_devices.configure()  # before jax is imported, and before a re-execution inherits the env
   allocator.preload()
   app.run(main)

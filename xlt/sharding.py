@@ -100,3 +100,32 @@ def check_divisible(shapes, shardings):
         raise ValueError(
             f"parameter {jax.tree_util.keystr(path)} of shape {shape.shape}: dim {dim} is "
             f"not divisible by mesh axis {axis} of size {n}")
+
+
+def devices_of(x) -> int:
+  """How many devices the (first leaf of) pytree `x` lives on; 1 for host arrays."""
+  sh = getattr(jax.tree.leaves(x)[0], "sharding", None)
+  return len(sh.device_set) if sh is not None else 1
+
+
+def spread(x: np.ndarray, like, axis: int):
+  """Host array `x` (the same on every process) as a global array whose `axis` is split over
+  every device of the mesh that pytree `like` (e.g. parameters) lives on, or `x` itself when
+  `like` is on one device or not on a mesh.
+
+  Why: jit of parameters replicated over several devices and a host array computes the whole
+  thing on every device, once per device (on a CPU whose cores are devices, xlt.cpu_devices,
+  that is the same work on each core); with the rows spread, each device computes its share.
+  `x.shape[axis]` must be divisible by the mesh size (`round_up` the batch)."""
+  sh = getattr(jax.tree.leaves(like)[0], "sharding", None)
+  if not isinstance(sh, NamedSharding) or sh.mesh.size == 1:
+    return x
+  if x.shape[axis] % sh.mesh.size:
+    raise ValueError(f"axis {axis} of shape {x.shape} does not split over {sh.mesh.size} devices")
+  spec = [None] * x.ndim
+  spec[axis] = tuple(sh.mesh.axis_names)
+  return jax.make_array_from_callback(x.shape, NamedSharding(sh.mesh, P(*spec)), lambda idx: x[idx])
+
+
+def round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple

@@ -1,0 +1,81 @@
+"""The cores as XLA:CPU devices (xlt.cpu_devices), and evaluation spread over a mesh's devices."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from xlt import cpu_devices, evaluate, lm, sharding
+from xlt import model as model_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("cores,want", [(1, 1), (2, 2), (3, 2), (4, 4), (6, 4), (8, 8), (64, 8)])
+def test_default_count_is_a_power_of_two_of_the_cores(cores, want):
+  assert cpu_devices.default_count(cores) == want
+
+
+def test_configure_sets_the_count_once_and_keeps_a_given_flag():
+  env = {"XLT_CPU_DEVICES": "3", "XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}
+  assert cpu_devices.configure(env) == 3
+  assert env["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=3"
+  assert cpu_devices.configure(env) is None  # already set: left alone
+  given = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "XLT_CPU_DEVICES": "2"}
+  assert cpu_devices.configure(given) is None and given["XLA_FLAGS"].endswith("=8")
+  empty = {}
+  assert cpu_devices.configure(empty) == cpu_devices.default_count(cpu_devices.usable_cores())
+  for bad in ("0", "-2", "two", "1.5"):
+    with pytest.raises(ValueError, match="XLT_CPU_DEVICES"):
+      cpu_devices.configure({"XLT_CPU_DEVICES": bad})
+
+
+def test_a_fresh_process_gets_the_devices():
+  code = "from xlt import cpu_devices; cpu_devices.configure(); import jax; print(jax.device_count())"
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  for n in ("1", "3"):
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "XLT_CPU_DEVICES": n, "JAX_PLATFORMS": "cpu"},
+                         cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-1] == n
+
+
+CFG = model_lib.Config(vocab_size=40, block_size=32, num_layers=2, num_heads=2, d_model=16)
+
+
+@pytest.fixture(scope="module")
+def stacked():
+  keys = jax.random.split(jax.random.key(0), 2)
+  return jax.vmap(lambda k: model_lib.init_params(CFG, k))(keys)  # an ensemble of two
+
+
+@pytest.mark.parametrize("n_devices", [2, 4])
+def test_decoding_and_perplexity_spread_over_the_mesh_equal_one_device(stacked, n_devices):
+  assert jax.device_count() == 8, "tests/conftest.py sets 8 fake CPU devices"
+  rng = np.random.default_rng(0)
+  prompts = [[rng.integers(3, 40, rng.integers(3, 9)).tolist() for _ in range(7)] for _ in range(2)]
+  mesh = sharding.make_mesh({"data": -1, "devices": n_devices})
+  spread_params = jax.device_put(stacked, sharding.replicated(mesh))
+  one = evaluate.decode_answers(CFG, stacked, prompts, max_new=6, eos_id=2, batch=3)
+  many = evaluate.decode_answers(CFG, spread_params, prompts, max_new=6, eos_id=2, batch=3)
+  assert one == many and len(one[0]) == 7
+  tokens = rng.integers(3, 40, (5, 12)).astype(np.int32)
+  mask = (rng.random((5, 11)) < 0.7).astype(np.float32)
+  a, b = (lm.perplexity(CFG, p, tokens, mask, batch=3) for p in (stacked, spread_params))
+  np.testing.assert_allclose(a["nll_sum"], b["nll_sum"], rtol=1e-5)
+  assert (a["tokens"] == b["tokens"]).all() and a["tokens"][0] == mask.sum()
+
+
+def test_spread_splits_rows_and_checks_them(stacked):
+  mesh = sharding.make_mesh({"data": -1, "devices": 4})
+  params = jax.device_put(stacked, sharding.replicated(mesh))
+  x = np.arange(2 * 8 * 3).reshape(2, 8, 3)
+  y = sharding.spread(x, params, 1)
+  assert len(y.sharding.device_set) == 4 and y.addressable_shards[0].data.shape == (2, 2, 3)
+  np.testing.assert_array_equal(np.asarray(y), x)
+  assert sharding.spread(x, stacked, 1) is x  # one device: left on the host
+  with pytest.raises(ValueError, match="does not split over 4 devices"):
+    sharding.spread(x[:, :6], params, 1)
+  assert sharding.devices_of(params) == 4 and sharding.round_up(7, 4) == 8

@@ -1,0 +1,67 @@
+"""The host's cores as several XLA:CPU devices, so a run on CPU is data-parallel over them.
+
+One XLA:CPU device runs a small model's step as a chain of small ops, each spread over the
+cores by XLA's thread pool; on a 2-core machine that pool kept the cores about 1.5 busy
+(../shared/PERF.md), and tiny matmuls split over two threads gain little. With two devices
+every step is two independent halves of the batch, one per core, and one all-reduce of the
+gradients (in-process memory, cheap). On this project's 2-core machine that made the graph
+step 1.2-1.6x faster and the addition reference step 1.3x (`benchmarks/compare.py`); the
+configs' default mesh (`mesh.data=-1`) then spans the devices with no change to any config.
+
+XLT_CPU_DEVICES sets the count (1 turns this off: one CPU device, as before). The default is
+the number of cores this process may use, rounded down to a power of two (every batch size in
+configs/ divides it) and at most 8 (more was never measured). An XLA_FLAGS that already sets
+--xla_force_host_platform_device_count (the tests, the multi-host walkthrough) is left alone.
+Only the CPU backend reads the flag: on a GPU or TPU host, jax's devices are the accelerators.
+
+Results of a data-parallel step equal the single-device step's to float rounding (the loss
+and gradients are sums over halves of the batch, added in another order); to rerun a figure
+measured with one device bit for bit, set XLT_CPU_DEVICES=1.
+
+`configure()` must run before jax is imported (`python -m xlt.main` and the benchmarks call it
+first thing).
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV = "XLT_CPU_DEVICES"
+FLAG = "--xla_force_host_platform_device_count"
+MAX_DEFAULT = 8
+
+
+def usable_cores() -> int:
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not Linux
+    return os.cpu_count() or 1
+
+
+def default_count(cores: int) -> int:
+  """The largest power of two <= min(cores, MAX_DEFAULT)."""
+  n = 1
+  while n * 2 <= min(cores, MAX_DEFAULT):
+    n *= 2
+  return n
+
+
+def count(environ=os.environ) -> int:
+  """How many CPU devices to make: $XLT_CPU_DEVICES, or `default_count` of the usable cores."""
+  value = environ.get(ENV, "").strip()
+  if not value:
+    return default_count(usable_cores())
+  if not value.isdigit() or int(value) < 1:
+    raise ValueError(f"{ENV}={value!r}: expected a positive integer (1: one CPU device)")
+  return int(value)
+
+
+def configure(environ=os.environ) -> int | None:
+  """Adds FLAG=count() to XLA_FLAGS in `environ` (unless XLA_FLAGS already has FLAG) and returns
+  the count, or None when it left XLA_FLAGS alone. Call it before importing jax."""
+  flags = environ.get("XLA_FLAGS", "")
+  if FLAG in flags:
+    return None
+  n = count(environ)
+  environ["XLA_FLAGS"] = f"{flags} {FLAG}={n}".strip()
+  return n
