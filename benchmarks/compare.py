@@ -8,6 +8,7 @@ ensemble, and greedy decoding.
   python benchmarks/compare.py --quick              # smoke test, about a minute
   python benchmarks/compare.py --rounds 3 --json runs/compare.json
   python benchmarks/compare.py --reference          # on a GPU: + reference-size configs and MFU
+  python benchmarks/compare.py --one_device         # + xlt on one CPU device (XLT_CPU_DEVICES=1)
 
 Prints a markdown table: date, machine (CPU model, cores), library versions, allocator,
 and per shape xlt tokens/s, PyTorch tokens/s and their ratio (with each round's numbers,
@@ -24,11 +25,14 @@ What is measured:
     platform, xlt.ensemble: lax.map on CPU), the same with vmap, the same 9 stepped one after
     the other with the single-model step, and PyTorch's 9 separate steps.
   * decoding: greedy with a KV cache, graph model, batch 512, 100-token prompt + 20 new
-    tokens; xlt through xlt.evaluate.ensemble_decode (jitted, after warm-up). Prefill is the
+    tokens; xlt through xlt.evaluate.decode_batch (jitted, after warm-up). Prefill is the
     same call with 1 new token; ms per new token = (full - prefill) / 19; new tokens/s =
     batch x 20 / full time (prefill included).
 
-How: xlt's step is xlt.train.make_step(make_optimizer(...)) on a 1-device mesh. Each
+How: xlt's step is xlt.train.make_step(make_optimizer(...)) on a mesh of every device, as
+`python -m xlt.main`'s default (on a CPU, one device per core: xlt.cpu_devices; `--one_device`
+adds a column of the same worker on one device, what that adds); decoding goes through
+xlt.evaluate.decode_batch, the rows spread over the devices as evaluation spreads them. Each
 implementation runs in its own subprocess (JAX and PyTorch never share a process's threads), rounds alternate between them (xlt first in
 even rounds, PyTorch first in odd ones, so a drift of the machine's speed hits both), each
 round takes the median over timed steps after warm-up, and the table reports the median
@@ -63,6 +67,7 @@ ENV_SHOWN = ("LD_PRELOAD", "OMP_WAIT_POLICY", "OMP_NUM_THREADS", "XLA_FLAGS")
 BUSY_WARNING = ("compare on an idle machine; PyTorch suffers most, OMP_WAIT_POLICY=PASSIVE "
                 "limits its loss")
 DECODE = dict(batch=512, prompt=100, new=20)
+ONE_DEVICE = "xlt_1dev"  # --one_device: xlt's worker again with XLT_CPU_DEVICES=1 (xlt.cpu_devices)
 
 
 def _model(layers, width, heads, vocab, block, pos="learned"):
@@ -323,7 +328,7 @@ def torch_worker(jobs, timing):
 def worker_main(a):
   with open(a.plan) as f:
     p = json.load(f)
-  if a.worker == "xlt":
+  if a.worker in ("xlt", ONE_DEVICE):
     import jax
     import jaxlib
     import flax
@@ -366,8 +371,9 @@ def run_worker(impl: str, plan_path: str, tmp: str, round_: int) -> dict:
   XLA's thread pool when the cores are oversubscribed."""
   out = os.path.join(tmp, f"{impl}_{round_}.json")
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", impl, "--plan", plan_path, "--out", out]
+  env = dict(os.environ, **({"XLT_CPU_DEVICES": "1"} if impl == ONE_DEVICE else {}))
   t0, busy0, own0 = time.perf_counter(), _busy_seconds(), sum(os.times()[2:4])
-  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
   wall = time.perf_counter() - t0
   if proc.returncode:
     sys.exit(f"the {impl} worker failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -409,35 +415,41 @@ def table(report: dict) -> str:
   get = lambda impl, name, key: [r[impl]["results"][name][key] for r in rounds if impl in r]
   med = lambda xs: statistics.median(xs) if xs else None
   per_round = lambda xs: " / ".join(_fmt(x) for x in xs) or "–"
-  info = {impl: rounds[0][impl] for impl in ("xlt", "torch") if impl in rounds[0]}
+  info = {impl: rounds[0][impl] for impl in ("xlt", "torch", ONE_DEVICE) if impl in rounds[0]}
+  name = {"xlt": "xlt", "torch": "PyTorch", ONE_DEVICE: "xlt on 1 device"}
+  one = ONE_DEVICE in info
   m, tm = report["machine"], report["timing"]
   busy = any(r[k]["other_cores"] > 0.2 for r in rounds for k in r)
   lines = [
       f"## xlt vs PyTorch eager, {report['date']}",
       "",
       f"- machine: {m['cpu']}, {m['cores']} cores; devices: "
-      + ", ".join(f"{'xlt' if k == 'xlt' else 'PyTorch'} {i.get('device', 'cpu')}" for k, i in info.items()),
-      "- versions: " + ", ".join(f"{k} {v}" for i in info.values() for k, v in i["versions"].items()),
-      "- allocator: " + ", ".join(f"{'xlt' if k == 'xlt' else 'PyTorch'} {i['allocator']}" for k, i in info.items()),
+      + ", ".join(f"{name[k]} {i.get('device', 'cpu')}" for k, i in info.items()),
+      "- versions: " + ", ".join(f"{k} {v}" for k, v in {k: v for i in info.values()
+                                                           for k, v in i["versions"].items()}.items()),
+      "- allocator: " + ", ".join(f"{name[k]} {i['allocator']}" for k, i in info.items()),
       "- threads: " + ", ".join(i["threads"] for i in info.values())
       + "".join(f", {k}={os.environ[k]}" for k in ENV_SHOWN if os.environ.get(k)),
       "- cores busy with other processes while each worker ran: " + ", ".join(
-          f"{'xlt' if k == 'xlt' else 'PyTorch'} " + " / ".join(f"{r[k]['other_cores']:.2f}" for r in rounds)
+          f"{name[k]} " + " / ".join(f"{r[k]['other_cores']:.2f}" for r in rounds)
           for k in info) + (f" (**not idle: {BUSY_WARNING}**)" if busy else ""),
       f"- one full AdamW step; median of {tm['steps']} steps"
       + (f" or more (≥{tm['min_seconds']:g} s timed)" if tm["min_seconds"] else "") + " after "
       f"{tm['warmup']} warm-up; decoding: median of {tm['decode_steps']} after 1 warm-up; "
       f"median of {len(rounds)} round(s), each implementation in its own process",
       "",
-      "| shape | xlt tokens/s | PyTorch tokens/s | xlt / PyTorch | xlt per round | PyTorch per round |",
-      "|---|---|---|---|---|---|",
+      "| shape | xlt tokens/s | PyTorch tokens/s | xlt / PyTorch | xlt per round | PyTorch per round |"
+      + (" xlt on 1 device | xlt / xlt on 1 device |" if one else ""),
+      "|---|---|---|---|---|---|" + ("---|---|" if one else ""),
   ]
   jobs = {j["name"]: j for j in report["jobs"]}
-  for name, j in jobs.items():
+  for job_name, j in jobs.items():
     if j["kind"] == "train":
-      x, t = get("xlt", name, "tokens_per_s"), get("torch", name, "tokens_per_s")
+      x, t = get("xlt", job_name, "tokens_per_s"), get("torch", job_name, "tokens_per_s")
+      x1 = get(ONE_DEVICE, job_name, "tokens_per_s")
       lines.append(f"| {j['label']} | {_fmt(med(x))} | {_fmt(med(t))} | {_ratio(med(x), med(t))} | "
-                   f"{per_round(x)} | {per_round(t)} |")
+                   f"{per_round(x)} | {per_round(t)} |"
+                   + (f" {_fmt(med(x1))} | {_ratio(med(x), med(x1))} |" if one else ""))
   lines += _mfu_lines(report, jobs, get, med)
   ens = jobs.get("ensemble")
   if ens:
@@ -458,14 +470,16 @@ def table(report: dict) -> str:
   if dec:
     lines += ["", f"Greedy decoding with a KV cache, graph model, batch {dec['batch']}, "
                   f"{dec['prompt']}-token prompt + {dec['new']} new tokens:", "",
-              "| | xlt | PyTorch | xlt speed / PyTorch | xlt per round | PyTorch per round |",
-              "|---|---|---|---|---|---|"]
+              "| | xlt | PyTorch | xlt speed / PyTorch | xlt per round | PyTorch per round |"
+              + (" xlt on 1 device |" if one else ""), "|---|---|---|---|---|---|" + ("---|" if one else "")]
     for key, label, faster_is_lower in (("prefill_ms", "prefill, ms", True),
                                         ("ms_per_token", "ms per new token", True),
                                         ("new_tokens_per_s", "new tokens/s (prefill included)", False)):
       x, t = get("xlt", "decode", key), get("torch", "decode", key)
       ratio = _ratio(med(t), med(x)) if faster_is_lower else _ratio(med(x), med(t))
-      lines.append(f"| {label} | {_fmt(med(x))} | {_fmt(med(t))} | {ratio} | {per_round(x)} | {per_round(t)} |")
+      x1 = get(ONE_DEVICE, "decode", key)
+      lines.append(f"| {label} | {_fmt(med(x))} | {_fmt(med(t))} | {ratio} | {per_round(x)} | {per_round(t)} |"
+                   + (f" {_fmt(med(x1))} |" if one else ""))
   return "\n".join(lines)
 
 
@@ -497,7 +511,7 @@ def _mfu_lines(report, jobs, get, med) -> list[str]:
 
 
 def main(a):
-  impls = ["xlt"] + (["torch"] if version("torch") != "not installed" else [])
+  impls = ["xlt"] + (["torch"] if version("torch") != "not installed" else []) + ([ONE_DEVICE] if a.one_device else [])
   if len(impls) == 1:
     print("PyTorch is not installed (pip install -e '.[bench]'): measuring xlt only.", file=sys.stderr)
   timing = (dict(steps=1, min_seconds=1.0, warmup=2, decode_steps=1) if a.quick else
@@ -536,11 +550,13 @@ if __name__ == "__main__":
                  help="also the reference-size addition and text configs (for an accelerator)")
   p.add_argument("--peak_tflops", type=float, default=0.0,
                  help="the device's peak TFLOP/s for MFU (default: known GPUs only)")
-  p.add_argument("--worker", choices=("xlt", "torch"), help=argparse.SUPPRESS)
+  p.add_argument("--one_device", action="store_true",
+                 help="also run xlt on one CPU device (XLT_CPU_DEVICES=1), to show what the cores as devices add")
+  p.add_argument("--worker", choices=("xlt", "torch", ONE_DEVICE), help=argparse.SUPPRESS)
   p.add_argument("--plan", help=argparse.SUPPRESS)
   p.add_argument("--out", help=argparse.SUPPRESS)
   args = p.parse_args()
-  if args.worker == "xlt":
+  if args.worker in ("xlt", ONE_DEVICE):
     # as `python -m xlt.main` starts, before jax loads: the cores as devices, maybe re-exec
     # with a faster malloc (either module may be missing in an older checkout)
     for module in ("cpu_devices", "allocator"):

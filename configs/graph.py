@@ -6,8 +6,14 @@ Language 1 = node lists, plain ids (N=2048 samples); language 2 = edge lists, pl
 (M=256). Reference validity: lang 2 alone ~23.9%, mixed ~98.05% ± 1.8; lang 1 alone
 98.34%, mixed 98.93% ± 1.1.
 
-Obtained (test validity on 1000 unseen pairs, mean ± std over seeds 0-2; 744 s wall on the
-2-core CPU, 1.1 GB peak RSS, 2026-11-23, commit ca4965b): lang 1 alone 97.23% ± 0.64, mixed
+Obtained at HEAD (commit 72daf54 + its README, 2026-11-23 18:26 UTC; 2 CPU devices, the
+default since xlt.cpu_devices; the project's machine that day an AMD EPYC with 2 cores):
+796 s wall, 25,050 train tokens/s, 1.17 GB peak RSS; lang 1 alone 97.03% ± 0.50, mixed
+97.83% ± 0.65; lang 2 alone 48.97% ± 1.59, mixed 90.27% ± 2.72 (per seed 92.8 / 90.6 / 87.4;
+best validation steps 1000 / 900 / 1200 of 1200).
+
+Earlier, on one CPU device (test validity on 1000 unseen pairs, mean ± std over seeds 0-2; 744 s wall on the
+2-core CPU of that day, 1.1 GB peak RSS, 2026-11-23, commit ca4965b): lang 1 alone 97.23% ± 0.64, mixed
 97.30% ± 0.17; lang 2 alone 47.47% ± 2.71, mixed 90.23% ± 1.53 (per seed 91.9 / 89.9 / 88.9;
 best validation steps 900-1000 of 1200). (This graph has 137 edges and diameter 9, shorter
 paths than the reference's 152-edge graph, so edge lists alone already reach ~47%.) Short of

@@ -28,3 +28,22 @@ def test_reference_jobs_follow_the_configs():
   assert text["model"]["dtype"] == "bfloat16" and text["model"]["tie_embeddings"]
   assert "addition_ref_full" not in {j["name"] for j in compare.plan()}
   assert compare.flops_per_token(text["model"], text["seq"]) == pytest.approx(3.27e8, rel=0.01)
+
+
+def test_table_shows_the_one_device_column_and_its_ratio():
+  job = compare.plan()[0]  # graph_29
+  def worker(tps, versions):
+    return {"results": {job["name"]: {"tokens_per_s": tps, "step_ms": 1.0}}, "versions": versions,
+            "allocator": "mimalloc", "threads": "2", "device": "cpu", "other_cores": 0.0}
+  jx = {"jax": "0.10.2"}
+  report = {"date": "today", "machine": {"cpu": "test CPU", "cores": 2}, "jobs": [job], "peak_tflops": 0.0,
+            "timing": {"steps": 10, "min_seconds": 0.0, "warmup": 3, "decode_steps": 3},
+            "rounds": [{"xlt": worker(300.0, jx), "torch": worker(200.0, {"torch": "2"}),
+                        compare.ONE_DEVICE: worker(150.0, jx)}]}
+  out = compare.table(report)
+  row = next(ln for ln in out.splitlines() if ln.startswith(f"| {job['label']} |"))
+  assert row.split(" | ")[1:4] == ["300", "200", "1.50"]
+  assert row.rstrip(" |").split(" | ")[-2:] == ["150", "2.00"]
+  assert "xlt on 1 device" in out and out.count("jax 0.10.2") == 1
+  del report["rounds"][0][compare.ONE_DEVICE]
+  assert "xlt on 1 device" not in compare.table(report)

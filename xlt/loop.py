@@ -120,7 +120,8 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
   strategy = ensemble_lib.resolve(t.get("ensemble", "auto"), platform)
   progress = progress and distributed.is_main()  # one progress bar, not one per process
   if progress:  # which strategy ran belongs in the run's log (main.py keeps absl at WARNING)
-    tqdm.write(f"training {len(members)} members together: {strategy} over the ensemble axis on {platform}")
+    tqdm.write(f"training {len(members)} members together: {strategy} over the ensemble axis on {platform}, "
+               f"mesh {dict(mesh.shape)}")
 
   @functools.lru_cache(maxsize=None)
   def step_for(n):  # one compiled step per ensemble size: stopped members drop out
