@@ -10,7 +10,13 @@ Obtained at HEAD (commit 72daf54 + its README, 2026-11-23 18:26 UTC; 2 CPU devic
 default since xlt.cpu_devices; the project's machine that day an AMD EPYC with 2 cores):
 796 s wall, 25,050 train tokens/s, 1.17 GB peak RSS; lang 1 alone 97.03% ± 0.50, mixed
 97.83% ± 0.65; lang 2 alone 48.97% ± 1.59, mixed 90.27% ± 2.72 (per seed 92.8 / 90.6 / 87.4;
-best validation steps 1000 / 900 / 1200 of 1200).
+best validation steps 1000 / 900 / 1200 of 1200). Short of the reference's 98.05%, and not for
+want of steps: the same recipe 3x longer, mixed only, no early stopping (`--config.conditions=
+"('mixed',)" --config.train.steps=3600 --config.train.patience=1000 --config.train.eval_every=200`,
+819 s, commit 5470e27: 72daf54 and a log line; same machine) gave mixed edge 90.30% ± 2.13 (per seed 92.2 / 90.7 / 88.0; best
+validation steps 3000 / 1400 / 2400), node 97.23% ± 0.78; validation (128 pairs, mean of the
+seeds) by step: 200: 54.4, 400: 74.6, 800: 87.4, 1200: 84.6, 1600: 87.9, 2000: 90.5, 2400: 93.0,
+2800: 91.4, 3200: 92.3, 3600: 92.4, a plateau from ~2000 steps (~440 s of the 3-member run).
 
 Earlier, on one CPU device (test validity on 1000 unseen pairs, mean ± std over seeds 0-2; 744 s wall on the
 2-core CPU of that day, 1.1 GB peak RSS, 2026-11-23, commit ca4965b): lang 1 alone 97.23% ± 0.64, mixed
