@@ -4,9 +4,11 @@ One XLA:CPU device runs a small model's step as a chain of small ops, each sprea
 cores by XLA's thread pool; on a 2-core machine that pool kept the cores about 1.5 busy
 (../shared/PERF.md), and tiny matmuls split over two threads gain little. With two devices
 every step is two independent halves of the batch, one per core, and one all-reduce of the
-gradients (in-process memory, cheap). On this project's 2-core machine that made the graph
-step 1.2-1.6x faster and the addition reference step 1.3x (`benchmarks/compare.py`); the
-configs' default mesh (`mesh.data=-1`) then spans the devices with no change to any config.
+gradients (in-process memory, cheap). On this project's 2-core machine (an AMD EPYC, 2026-11-23,
+`benchmarks/compare.py --rounds 3 --one_device`) 2 devices vs 1 trained the graph model 1.13x
+faster at 29 tokens and 1.37x at 128, the addition reference 1.15x, the text proxy 1.09x, the
+smallest step (addition `:cpu`) 0.98x, and decoded 1.39x as many tokens per second. The
+configs' default mesh (`mesh.data=-1`) spans the devices with no change to any config.
 
 XLT_CPU_DEVICES sets the count (1 turns this off: one CPU device, as before). The default is
 the number of cores this process may use, rounded down to a power of two (every batch size in
