@@ -17,6 +17,9 @@ want of steps: the same recipe 3x longer, mixed only, no early stopping (`--conf
 validation steps 3000 / 1400 / 2400), node 97.23% ± 0.78; validation (128 pairs, mean of the
 seeds) by step: 200: 54.4, 400: 74.6, 800: 87.4, 1200: 84.6, 1600: 87.9, 2000: 90.5, 2400: 93.0,
 2800: 91.4, 3200: 92.3, 3600: 92.4, a plateau from ~2000 steps (~440 s of the 3-member run).
+The same recipe, unchanged, on the second graph by the rule below (`--config.graph.seed=700`,
+commit 3411967, same machine and day, 778 s, 1.22 GB peak RSS): lang 1 alone 96.50% ± 0.95, mixed
+97.03% ± 1.05; lang 2 alone 46.57% ± 2.48, mixed 86.50% ± 3.06 (per seed 87.8 / 83.0 / 88.7).
 
 Earlier, on one CPU device (test validity on 1000 unseen pairs, mean ± std over seeds 0-2; 744 s wall on the
 2-core CPU of that day, 1.1 GB peak RSS, 2026-11-23, commit ca4965b): lang 1 alone 97.23% ± 0.64, mixed
@@ -26,7 +29,7 @@ paths than the reference's 152-edge graph, so edge lists alone already reach ~47
 the reference's 98.05%: a probe of the same recipe with 2400 steps (2026-11-22, before the
 attention reorder) stopped the mixed members early at steps 1100-1300 with validation ~0.90
 and test 83.17% ± 3.45, so more steps of this recipe do not close the gap.
-The same recipe, unchanged, on the second graph by the rule below (`--config.graph.seed=700`:
+On one device, the second graph (`--config.graph.seed=700`:
 137 edges, diameter 9; 556 s wall, same day): lang 1 alone 96.37% ± 1.10, mixed 96.97% ± 1.17;
 lang 2 alone 45.77% ± 1.80, mixed 87.60% ± 4.26 (per seed 92.3 / 84.0 / 86.5).
 Rerun as a point of configs/graph_table3.py (commit f87b2d7, 660 s): lang 2 alone 45.57% ± 0.59,
