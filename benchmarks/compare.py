@@ -559,10 +559,10 @@ if __name__ == "__main__":
   if args.worker in ("xlt", ONE_DEVICE):
     # as `python -m xlt.main` starts, before jax loads: the cores as devices, maybe re-exec
     # with a faster malloc (either module may be missing in an older checkout)
-    for module in ("cpu_devices", "allocator"):
+    for module, setup in (("cpu_devices", "configure"), ("allocator", "preload")):
       try:
         lib = __import__(f"xlt.{module}", fromlist=[module])
       except ImportError:
         continue
-      (lib.configure if module == "cpu_devices" else lib.preload)()
+      getattr(lib, setup)()
   (worker_main if args.worker else main)(args)

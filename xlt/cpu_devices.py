@@ -17,8 +17,8 @@ configs/ divides it) and at most 8 (more was never measured). An XLA_FLAGS that 
 Only the CPU backend reads the flag: on a GPU or TPU host, jax's devices are the accelerators.
 
 Results of a data-parallel step equal the single-device step's to float rounding (the loss
-and gradients are sums over halves of the batch, added in another order); to rerun a figure
-measured with one device bit for bit, set XLT_CPU_DEVICES=1.
+and gradients are sums over halves of the batch, added in another order); to run as the
+figures measured on one device were run, set XLT_CPU_DEVICES=1.
 
 `configure()` must run before jax is imported (`python -m xlt.main` and the benchmarks call it
 first thing).

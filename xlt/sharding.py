@@ -102,10 +102,16 @@ def check_divisible(shapes, shardings):
             f"not divisible by mesh axis {axis} of size {n}")
 
 
-def devices_of(x) -> int:
-  """How many devices the (first leaf of) pytree `x` lives on; 1 for host arrays."""
-  sh = getattr(jax.tree.leaves(x)[0], "sharding", None)
-  return len(sh.device_set) if sh is not None else 1
+def _mesh_of(tree) -> Mesh | None:
+  """The mesh the first leaf of `tree` is laid out on, or None (host array, one device)."""
+  sh = getattr(jax.tree.leaves(tree)[0], "sharding", None)
+  return sh.mesh if isinstance(sh, NamedSharding) and sh.mesh.size > 1 else None
+
+
+def devices_of(tree) -> int:
+  """How many devices `spread` splits rows over for pytree `tree`: its mesh's size, else 1."""
+  mesh = _mesh_of(tree)
+  return mesh.size if mesh is not None else 1
 
 
 def spread(x: np.ndarray, like, axis: int):
@@ -117,14 +123,14 @@ def spread(x: np.ndarray, like, axis: int):
   thing on every device, once per device (on a CPU whose cores are devices, xlt.cpu_devices,
   that is the same work on each core); with the rows spread, each device computes its share.
   `x.shape[axis]` must be divisible by the mesh size (`round_up` the batch)."""
-  sh = getattr(jax.tree.leaves(like)[0], "sharding", None)
-  if not isinstance(sh, NamedSharding) or sh.mesh.size == 1:
+  mesh = _mesh_of(like)
+  if mesh is None:
     return x
-  if x.shape[axis] % sh.mesh.size:
-    raise ValueError(f"axis {axis} of shape {x.shape} does not split over {sh.mesh.size} devices")
+  if x.shape[axis] % mesh.size:
+    raise ValueError(f"axis {axis} of shape {x.shape} does not split over {mesh.size} devices")
   spec = [None] * x.ndim
-  spec[axis] = tuple(sh.mesh.axis_names)
-  return jax.make_array_from_callback(x.shape, NamedSharding(sh.mesh, P(*spec)), lambda idx: x[idx])
+  spec[axis] = tuple(mesh.axis_names)
+  return jax.make_array_from_callback(x.shape, NamedSharding(mesh, P(*spec)), lambda idx: x[idx])
 
 
 def round_up(n: int, multiple: int) -> int:
