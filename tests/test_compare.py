@@ -3,21 +3,21 @@ by, and the reference-size jobs it reads from the configs (no jax or torch neede
 
 import pytest
 
-from benchmarks import compare
+from benchmarks import compare, compare_table
 
 
 def test_flops_per_token_counts_matmuls_and_attention():
   model = dict(num_layers=2, d_model=4, mlp_ratio=4, vocab_size=10)
   # matmul parameters: 2 layers x (qkv 3 + proj 1 + fc 4 + proj 4) x 4 x 4 + head 4 x 10 = 424
   # attention: 12 x 2 layers x 3 positions x width 4 = 288
-  assert compare.flops_per_token(model, seq=3) == 6 * 424 + 288
+  assert compare_table.flops_per_token(model, seq=3) == 6 * 424 + 288
 
 
 def test_peak_is_known_for_datacenter_gpus_or_given():
-  assert compare.peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.4
-  assert compare.peak_tflops("NVIDIA H100 80GB HBM3", "float32") == 494.7
-  assert compare.peak_tflops("cpu", "float32") is None
-  assert compare.peak_tflops("cpu", "float32", override=0.216) == 0.216
+  assert compare_table.peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.4
+  assert compare_table.peak_tflops("NVIDIA H100 80GB HBM3", "float32") == 494.7
+  assert compare_table.peak_tflops("cpu", "float32") is None
+  assert compare_table.peak_tflops("cpu", "float32", override=0.216) == 0.216
 
 
 def test_reference_jobs_follow_the_configs():
@@ -27,7 +27,7 @@ def test_reference_jobs_follow_the_configs():
   assert (text["batch"], text["seq"], text["accum"]) == (1280, 512, 16)
   assert text["model"]["dtype"] == "bfloat16" and text["model"]["tie_embeddings"]
   assert "addition_ref_full" not in {j["name"] for j in compare.plan()}
-  assert compare.flops_per_token(text["model"], text["seq"]) == pytest.approx(3.27e8, rel=0.01)
+  assert compare_table.flops_per_token(text["model"], text["seq"]) == pytest.approx(3.27e8, rel=0.01)
 
 
 def test_table_shows_the_one_device_column_and_its_ratio():
@@ -39,11 +39,11 @@ def test_table_shows_the_one_device_column_and_its_ratio():
   report = {"date": "today", "machine": {"cpu": "test CPU", "cores": 2}, "jobs": [job], "peak_tflops": 0.0,
             "timing": {"steps": 10, "min_seconds": 0.0, "warmup": 3, "decode_steps": 3},
             "rounds": [{"xlt": worker(300.0, jx), "torch": worker(200.0, {"torch": "2"}),
-                        compare.ONE_DEVICE: worker(150.0, jx)}]}
-  out = compare.table(report)
+                        compare_table.ONE_DEVICE: worker(150.0, jx)}]}
+  out = compare_table.table(report)
   row = next(ln for ln in out.splitlines() if ln.startswith(f"| {job['label']} |"))
   assert row.split(" | ")[1:4] == ["300", "200", "1.50"]
   assert row.rstrip(" |").split(" | ")[-2:] == ["150", "2.00"]
   assert "xlt on 1 device" in out and out.count("jax 0.10.2") == 1
-  del report["rounds"][0][compare.ONE_DEVICE]
-  assert "xlt on 1 device" not in compare.table(report)
+  del report["rounds"][0][compare_table.ONE_DEVICE]
+  assert "xlt on 1 device" not in compare_table.table(report)

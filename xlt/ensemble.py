@@ -1,17 +1,24 @@
 """How a function of one model runs over an ensemble's leading axis E.
 
 xlt trains and decodes several models (seeds, grid cells) in one compiled program; every
-leaf of their state has a leading ensemble axis. Two ways to compute over that axis:
+leaf of their state has a leading ensemble axis. Three ways to compute over that axis:
 
-  vmap  batch the members: every matmul gains a batch dimension. On GPUs and TPUs this is
-        what fills a device that one small model leaves idle.
-  map   `lax.map`: members one after another inside one program (one dispatch, plain
-        matmuls). On XLA:CPU batched small matmuls are slow: 9 graph models vmapped ran
-        about 3x slower than the same 9 stepped separately, while `map` is at least as fast
-        as separate steps (`python benchmarks/compare.py --only ensemble`).
+  vmap     batch the members: every matmul gains a batch dimension. On GPUs and TPUs this
+           is what fills a device that one small model leaves idle.
+  map      `lax.map`: members one after another inside one program (one dispatch, plain
+           matmuls). On XLA:CPU batched small matmuls are slow: 9 graph models vmapped ran
+           about 3x slower than the same 9 stepped separately, while `map` is at least as
+           fast as separate steps (`python benchmarks/compare.py --only ensemble`).
+  devices  the members split over the mesh's devices (member e on device e mod n), each
+           device `map`s over its own with the whole batch, then the results are gathered.
+           On a CPU whose cores are XLA devices (xlt.cpu_devices) this replaces
+           data-parallel steps of every member, whose small per-device matmuls and gradient
+           all-reduce scale poorly, by independent work per core. It needs a mesh of data
+           parallelism only (parameters replicated) and one process.
 
-`auto` (the default) picks map on CPU and vmap elsewhere. Results agree to float rounding
-(tests/test_train.py checks both against separate runs).
+`auto` (the default) picks `devices` on CPU when the mesh has several devices, all on its
+data axis, and at least as many members as devices; else `map` on CPU and `vmap` elsewhere.
+Results agree to float rounding (tests/test_train.py checks each against separate runs).
 """
 
 from __future__ import annotations
@@ -19,25 +26,76 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
-STRATEGIES = ("auto", "vmap", "map")
+STRATEGIES = ("auto", "vmap", "map", "devices")
 
 
-def resolve(strategy: str = "auto", platform: str | None = None) -> str:
-  """"vmap" or "map": `strategy` itself, or for auto the one that suits `platform` (default:
-  jax's default backend)."""
+def devices_fit(mesh, members: int) -> str | None:
+  """Why `devices` cannot run `members` members on `mesh` (None: it can)."""
+  if mesh is None:
+    return "it needs a mesh"
+  n = mesh.devices.size
+  if n < 2:
+    return "the mesh has one device"
+  if mesh.shape.get("data", 1) != n:
+    return f"the mesh {dict(mesh.shape)} shards parameters (it needs every device on the data axis)"
+  if members < n:
+    return f"{members} members are fewer than the mesh's {n} devices"
+  if jax.process_count() > 1:
+    return "it runs in one process only"
+  return None
+
+
+def resolve(strategy: str = "auto", platform: str | None = None, *, mesh=None,
+            members: int | None = None) -> str:
+  """"vmap", "map" or "devices": `strategy` itself (checked against `mesh` and `members`
+  for devices), or for auto the one that suits `platform` (default: jax's default backend),
+  the mesh and the number of members."""
   if strategy not in STRATEGIES:
     raise ValueError(f"ensemble strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+  if strategy == "devices":
+    why = devices_fit(mesh, members or 0)
+    if why:
+      raise ValueError(f"ensemble strategy 'devices' cannot run here: {why}")
   if strategy != "auto":
     return strategy
-  return "map" if (platform or jax.default_backend()) == "cpu" else "vmap"
+  if (platform or jax.default_backend()) != "cpu":
+    return "vmap"
+  return "devices" if members is not None and devices_fit(mesh, members) is None else "map"
 
 
-def over_members(fn: Callable, strategy: str) -> Callable:
+def over_members(fn: Callable, strategy: str, mesh=None) -> Callable:
   """`fn(*args)` of one member -> a function of stacked args [E, ...] (every positional
-  argument carries the ensemble axis), computed as `strategy` ("vmap" or "map") says."""
+  argument carries the ensemble axis), computed as `strategy` ("vmap", "map", or "devices"
+  over `mesh`, inside a jit whose arguments and results are replicated) says."""
   if strategy == "vmap":
     return jax.vmap(fn)
   if strategy == "map":
     return lambda *args: jax.lax.map(lambda a: fn(*a), args)
-  raise ValueError(f"over_members needs 'vmap' or 'map', got {strategy!r} (resolve 'auto' first)")
+  if strategy == "devices":
+    return _over_devices(fn, mesh)
+  raise ValueError(f"over_members needs 'vmap', 'map' or 'devices', got {strategy!r} (resolve 'auto' first)")
+
+
+def _over_devices(fn: Callable, mesh) -> Callable:
+  n = mesh.devices.size
+
+  def run(*args):
+    e = jax.tree.leaves(args)[0].shape[0]
+    k = -(-e // n)  # members per device; the last devices repeat member E-1 to fill up
+
+    def body(*local):  # every device holds every member's args (replicated)
+      d = jax.lax.axis_index(mesh.axis_names)
+      mine = jnp.minimum(d + n * jnp.arange(k), e - 1)
+      out = over_members(fn, "map")(*jax.tree.map(lambda x: x[mine], local))
+      every = jax.lax.all_gather(out, mesh.axis_names)  # [n, k, ...]: device d's j-th is member d + n j
+      return jax.tree.map(lambda g: jnp.swapaxes(g, 0, 1).reshape(n * k, *g.shape[2:])[:e], every)
+
+    # check_vma off: the results are the same on every device by construction (all_gather),
+    # which the checker cannot see through the member index taken from axis_index.
+    return jax.shard_map(body, mesh=mesh, in_specs=tuple(P() for _ in args), out_specs=P(),
+                         check_vma=False)(*args)
+
+  return run

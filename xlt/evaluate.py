@@ -3,7 +3,7 @@
 Prompts of different lengths share one batch: the cache is prefilled up to the
 shortest prompt, then each step either copies the next prompt token (rows whose prompt
 is longer) or appends the model's argmax. Decoding maps over the ensemble axis
-(xlt.ensemble: lax.map on CPU, vmap on accelerators).
+(xlt.ensemble: lax.map on CPU, vmap on accelerators), each device its own rows.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from xlt import distributed
 from xlt import ensemble as ensemble_lib
@@ -81,11 +82,31 @@ def pad_prompts(prompt_ids: list[list[int]], batch: int) -> tuple[np.ndarray, np
   return out, lens
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "mesh", "max_new", "min_prompt", "strategy", "eos_id"))
+def _decode_rows_per_device(cfg, params, prompts_ExBxP, prompt_len_ExB, *, mesh, max_new, min_prompt,
+                            strategy="auto", eos_id=None):
+  """`ensemble_decode` on each device of `mesh` for its own rows, params replicated: each
+  device's loop stops when its rows are done, and no step waits on another device."""
+  rows = P(None, tuple(mesh.axis_names))
+  one = functools.partial(greedy_decode, cfg, max_new=max_new, min_prompt=min_prompt, eos_id=eos_id)
+  fn = ensemble_lib.over_members(one, ensemble_lib.resolve(strategy))
+  return jax.shard_map(fn, mesh=mesh, in_specs=(P(), rows, rows), out_specs=rows, check_vma=False)(
+      params, prompts_ExBxP, prompt_len_ExB)
+
+
 def decode_batch(cfg, params, prompts_ExBxP: np.ndarray, prompt_len_ExB: np.ndarray, **kwargs) -> np.ndarray:
   """`ensemble_decode` of host prompts with their rows spread over the devices `params` live
   on (xlt.sharding.spread: otherwise each device would decode every row); tokens on the host.
-  The batch must divide by the number of those devices."""
+  The batch must divide by the number of those devices.
+
+  Params replicated in one process decode per device (`_decode_rows_per_device`): as one
+  global program, the loop's "every row done?" test was an all-reduce per new token, and on
+  XLA:CPU, whose devices share one thread pool, such a collective left waiting beside a
+  training step's aborted a run (rendezvous timeout) on a busy 2-core machine."""
   prompts_ExBxP, prompt_len_ExB = (sharding.spread(x, params, 1) for x in (prompts_ExBxP, prompt_len_ExB))
+  mesh = sharding.replicated_mesh(params)
+  if mesh is not None and jax.process_count() == 1:
+    return np.asarray(_decode_rows_per_device(cfg, params, prompts_ExBxP, prompt_len_ExB, mesh=mesh, **kwargs))
   # to_host: with several processes the tokens may be spread over all of them
   return distributed.to_host(ensemble_decode(cfg, params, prompts_ExBxP, prompt_len_ExB, **kwargs))
 

@@ -117,7 +117,7 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
       raise ValueError("init_params do not match the model config (one model per member, stacked)")
 
   platform = mesh.devices.flat[0].platform
-  strategy = ensemble_lib.resolve(t.get("ensemble", "auto"), platform)
+  strategy = ensemble_lib.resolve(t.get("ensemble", "auto"), platform, mesh=mesh, members=len(members))
   progress = progress and distributed.is_main()  # one progress bar, not one per process
   if progress:  # which strategy ran belongs in the run's log (main.py keeps absl at WARNING)
     tqdm.write(f"training {len(members)} members together: {strategy} over the ensemble axis on {platform}, "
@@ -125,7 +125,10 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
 
   @functools.lru_cache(maxsize=None)
   def step_for(n):  # one compiled step per ensemble size: stopped members drop out
-    return train_lib.make_step(model_cfg, tx, mesh, rules, abstract_state(n), accum, gated, strategy)
+    s = t.get("ensemble", "auto")  # auto: resolved again for the n members left
+    if s == "devices" and ensemble_lib.devices_fit(mesh, n):
+      s = "map"  # fewer members left than devices
+    return train_lib.make_step(model_cfg, tx, mesh, rules, abstract_state(n), accum, gated, s)
 
   gated = any(m.trainable is not None for m in members)
   _, state_sh, batch_sh = step_for(len(members))
@@ -218,6 +221,10 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
         timer, timed_steps = time.perf_counter(), 0
       bar.update(1)
       if evaluate is not None and (step % t.eval_every == 0 or step == t.steps):
+        # the step's collectives finish before evaluation's programs start: on XLA:CPU the
+        # devices share one thread pool, and a collective left waiting beside another
+        # program's once aborted a run (rendezvous timeout) on a busy 2-core machine
+        jax.block_until_ready(sub)
         evaluate_and_stop(step)
         timer, timed_steps = None, 0  # evaluation time is not training time
       loop["step"] = step

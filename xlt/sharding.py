@@ -108,6 +108,15 @@ def _mesh_of(tree) -> Mesh | None:
   return sh.mesh if isinstance(sh, NamedSharding) and sh.mesh.size > 1 else None
 
 
+def replicated_mesh(tree) -> Mesh | None:
+  """The mesh of several devices that every leaf of `tree` is replicated over, or None."""
+  mesh = _mesh_of(tree)
+  if mesh is None or not all(getattr(x, "sharding", None) is not None and x.sharding.is_fully_replicated
+                             for x in jax.tree.leaves(tree)):
+    return None
+  return mesh
+
+
 def devices_of(tree) -> int:
   """How many devices `spread` splits rows over for pytree `tree`: its mesh's size, else 1."""
   mesh = _mesh_of(tree)

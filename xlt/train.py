@@ -3,7 +3,8 @@
 Small models underuse a machine, so xlt trains several models (seeds, and grid cells
 whose shapes agree) together: every leaf of the train state has a leading ensemble
 axis E, and the step maps the single-model step over it (xlt.ensemble: vmap on
-accelerators, lax.map on CPU). E=1 is a plain run.
+accelerators, lax.map on CPU, the members split over the devices where a CPU has several).
+E=1 is a plain run.
 
 Batches are dicts: tokens [E, B, T] int32 and loss_mask [E, B, T-1] float32 (1 on
 targets after the delimiter). The step takes any optax transformation, so a
@@ -176,14 +177,18 @@ def state_shardings(cfg: model_lib.Config, tx, mesh, rules, abstract_state):
 def make_step(cfg: model_lib.Config, tx, mesh, rules, abstract_state, accum: int = 1,
               gated: bool = False, strategy: str = "auto"):
   """The jitted ensemble step with explicit in/out shardings; the state is donated.
-  `strategy` (xlt.ensemble): how the members are computed; auto suits the mesh's platform."""
+  `strategy` (xlt.ensemble): how the members are computed; auto suits the mesh's platform,
+  its devices and the number of members."""
   st_sh = state_shardings(cfg, tx, mesh, rules, abstract_state)
-  b_sh = {"tokens": sharding.batch_sharding(mesh, 3), "loss_mask": sharding.batch_sharding(mesh, 3)}
-  if gated:  # partition training: [E, cells] flags per step
-    b_sh["trainable"] = sharding.replicated(mesh)
-  strategy = ensemble_lib.resolve(strategy, mesh.devices.flat[0].platform)
-  step = ensemble_lib.over_members(functools.partial(train_step, cfg=cfg, tx=tx, accum=accum), strategy)
+  members = jax.tree.leaves(abstract_state)[0].shape[0]
+  strategy = ensemble_lib.resolve(strategy, mesh.devices.flat[0].platform, mesh=mesh, members=members)
   rep = sharding.replicated(mesh)
+  # members over the devices: each device reads its members' whole batches
+  rows = rep if strategy == "devices" else sharding.batch_sharding(mesh, 3)
+  b_sh = {"tokens": rows, "loss_mask": rows}
+  if gated:  # partition training: [E, cells] flags per step
+    b_sh["trainable"] = rep
+  step = ensemble_lib.over_members(functools.partial(train_step, cfg=cfg, tx=tx, accum=accum), strategy, mesh)
   return jax.jit(step, in_shardings=(st_sh, b_sh), out_shardings=(st_sh, rep),
                  donate_argnums=0), st_sh, b_sh
 
