@@ -17,8 +17,8 @@ alone 51.50% ± 1.61, mixed 89.03% ± 1.02 (per seed 90.2 / 88.3 / 88.6).
 
 The recipe: weight decay 1.0 (xlt's default 0.1), the rest as before (1200 steps, batch 64,
 cosine from peak 3e-3 after 200 warm-up steps, early stopping with patience 4). Chosen by the
-mean over seeds 0-2 of each mixed member's best validation score (128 pairs, disjoint from
-test), mixed only (`--config.conditions="('mixed',)"` plus the override), graph 504, same day
+mean over seeds 0-2 of each mixed member's best validation score (validity on 128 pairs disjoint from
+test, mean over its two languages), mixed only (`--config.conditions="('mixed',)"` plus the override), graph 504, same day
 (commits 13e4daf-3c393ea, which differ in how members are stepped, not in what they compute):
   weight decay 0.1 (the old default, from its 9-model run)  93.88   (test 90.27 ± 2.72)
   RoPE positions                                            88.02   (test 80.60 ± 0.70)
