@@ -115,6 +115,8 @@ def test_default_parameters_are_the_configs_full_sizes():
       p["OPS"], "letter", p["TARGET_IN_BASE"], p["TARGET_IN_BASE"])
   assert all(c.base.train[k] == v for k, v in p["BASE"].items())
   assert all(c.finetune.train[k] == v for k, v in p["FINETUNE"].items())
+  assert all(c.lora.train[k] == v for k, v in p["FINETUNE"].items())  # the notebook gives LoRA that budget
+  assert c.maet_neurons.short.train.steps <= p["FINETUNE"]["steps"]
   assert (p["LAYERS"], p["HEADS"], p["WIDTH"]) == (c.model.num_layers, c.model.num_heads, c.model.d_model)
 
 
