@@ -101,6 +101,14 @@ def test_ensemble_strategy_per_platform():
   np.testing.assert_array_equal(doubled, 2 * x)
 
 
+def test_explicit_devices_that_cannot_run_is_an_error_not_a_fallback(graph_config, tmp_path):
+  graph_config.train.ensemble = "devices"  # the fixture's mesh has one device
+  cfg, members = _members(graph_config)
+  with pytest.raises(ValueError, match="'devices' cannot run here: the mesh has one device"):
+    loop.train_ensemble(graph_config, cfg, members, None, str(tmp_path), progress=False)
+  assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())  # nothing trained
+
+
 def test_kill_and_resume_equals_uninterrupted(graph_config, tmp_path):
   c = graph_config
   cfg, members = _members(c)

@@ -32,7 +32,7 @@ from jax.sharding import PartitionSpec as P
 STRATEGIES = ("auto", "vmap", "map", "devices")
 
 
-def devices_fit(mesh, members: int) -> str | None:
+def why_not_devices(mesh, members: int) -> str | None:
   """Why `devices` cannot run `members` members on `mesh` (None: it can)."""
   if mesh is None:
     return "it needs a mesh"
@@ -56,14 +56,14 @@ def resolve(strategy: str = "auto", platform: str | None = None, *, mesh=None,
   if strategy not in STRATEGIES:
     raise ValueError(f"ensemble strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
   if strategy == "devices":
-    why = devices_fit(mesh, members or 0)
+    why = why_not_devices(mesh, members or 0)
     if why:
       raise ValueError(f"ensemble strategy 'devices' cannot run here: {why}")
   if strategy != "auto":
     return strategy
   if (platform or jax.default_backend()) != "cpu":
     return "vmap"
-  return "devices" if members is not None and devices_fit(mesh, members) is None else "map"
+  return "devices" if members is not None and why_not_devices(mesh, members) is None else "map"
 
 
 def over_members(fn: Callable, strategy: str, mesh=None) -> Callable:
