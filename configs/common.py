@@ -19,7 +19,7 @@ def model(**overrides) -> ml_collections.ConfigDict:
   # the vocab axis splits evenly over a tensor-parallel mesh axis.
   return _dict(dict(num_layers=6, num_heads=4, d_model=64, block_size=128, mlp_ratio=4,
                     tie_embeddings=False, dtype="float32", vocab_multiple=8,
-                    pos_embedding="learned", rope_base=10000.0), overrides)
+                    pos_embedding="learned", rope_base=10000.0, dropout=0.0), overrides)
 
 
 def train(**overrides) -> ml_collections.ConfigDict:

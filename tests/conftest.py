@@ -1,11 +1,23 @@
-"""Test setup: 8 fake CPU devices, so sharding is tested without hardware.
+"""Test setup: 8 fake CPU devices, so sharding is tested without hardware; and one
+persistent compilation cache for the session (`JAX_COMPILATION_CACHE_DIR`: a fresh temporary
+folder, removed at the end), which the subprocesses tests start inherit: many tests compile
+the same small models' programs, and XLA compiling them was most of the suite's time.
 
-The flag must be set before jax is imported anywhere.
+Both must be set before jax is imported anywhere.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _cache = tempfile.mkdtemp(prefix="xlt-test-jax-cache-")
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+  # programs that compile faster than this are not worth a file
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
 
 import pathlib
 import sys

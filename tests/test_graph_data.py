@@ -41,6 +41,16 @@ def test_training_paths_are_valid_shortest_and_from_train_pairs(g):
   assert len(set(pairs)) < len(pairs)
 
 
+@pytest.mark.parametrize("seed", [504, 3])
+def test_path_pool_equals_networkx_all_shortest_paths(seed):
+  g = graph.make_graph(100, 0.02, seed)
+  pairs = graph.reachable_pairs(g)
+  assert graph.path_pool(g, pairs) == [p for pr in pairs for p in sorted(nx.all_shortest_paths(g, *pr))]
+  unreachable = next((s, t) for s in g for t in g if s != t and not nx.has_path(g, s, t))
+  with pytest.raises(ValueError, match="no path"):
+    graph.shortest_paths(g, unreachable)
+
+
 @pytest.mark.parametrize("language", graph.LANGUAGES)
 def test_encode_decode_round_trip_and_score(g, language):
   path = nx.shortest_path(g, *graph.split_pairs(g, num_test=10, num_val=0, seed=0).test[0])
@@ -99,3 +109,27 @@ def test_too_many_samples_is_a_clear_error(g):
 def test_unknown_language():
   with pytest.raises(ValueError, match="unknown graph language"):
     graph.check_language("edge_klingon")
+
+
+def test_failure_kinds_and_the_errors_report():
+  from xlt import errors
+
+  g = nx.path_graph(5)  # 0 - 1 - 2 - 3 - 4
+  e = "edge_plain"
+  assert graph.failure(g, (0, 2), "0 1 , 1 2".split(), e) is None
+  assert graph.failure(g, (0, 2), "0 1 , 0 1".split(), e) == "malformed"  # a repeated edge does not chain
+  assert graph.failure(g, (0, 1), "0 1 , 1".split(), e) == "malformed"  # went on after the last edge
+  assert graph.failure(g, (0, 2), "1 2".split(), e) == "wrong start"
+  assert graph.failure(g, (0, 3), "0 1 , 1 3".split(), e) == "non-edge"
+  assert graph.failure(g, (0, 3), "0 1 , 1 2".split(), e) == "wrong end"
+  assert graph.failure(g, (4, 2), "10004 10003 10002".split(), "node_offset") is None
+  records = [{"member": "mixed_x/seed_0", "set": e, "prompt": "0 2 =", "answer": "0 1 , 1 2"},
+             {"member": "mixed_x/seed_1", "set": e, "prompt": "0 2 =", "answer": "0 1 , 0 1"},
+             {"member": "mixed_x/seed_1", "set": e, "prompt": "0 1 =", "answer": "0 1"},
+             {"member": "alone_x/seed_0", "set": "node_plain", "prompt": "4 0 :", "answer": "4 3 0"}]
+  failures, by_distance = errors.tally(g, records)
+  assert failures[("mixed_x", e)] == {"valid": 2, "malformed": 1}
+  assert failures[("alone_x", "node_plain")] == {"non-edge": 1}
+  assert by_distance[("mixed_x", e)] == {2: [1, 2], 1: [1, 1]}
+  table = errors.report(failures, by_distance)
+  assert "| mixed_x | edge_plain | 2 | 1 | 0 | 0 | 0 |" in table and "50.0% (2)" in table

@@ -115,6 +115,27 @@ def test_bad_model_config():
     model.Config(vocab_size=0)
   with pytest.raises(ValueError, match="pos_embedding"):
     model.Config(vocab_size=10, pos_embedding="alibi")
+  for bad in (-0.1, 1.0):
+    with pytest.raises(ValueError, match="dropout"):
+      model.Config(vocab_size=10, dropout=bad)
+
+
+def test_dropout_only_when_training_with_an_rng():
+  cfg = model.Config(vocab_size=40, block_size=16, num_layers=2, num_heads=2, d_model=16, dropout=0.5)
+  params = model.init_params(cfg, jax.random.key(0))
+  tokens = (jnp.arange(24).reshape(2, 12) * 7) % 40
+  plain, _ = model.apply(model.Config(**{**cfg.__dict__, "dropout": 0.0}), params, tokens)
+  evaluated, _ = model.apply(cfg, params, tokens)  # no rng: no dropout, exactly
+  np.testing.assert_array_equal(np.asarray(evaluated), np.asarray(plain))
+  a, b, other = (model.apply(cfg, params, tokens, dropout_rng=jax.random.key(k))[0] for k in (1, 1, 2))
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the rng decides the masks
+  assert not np.allclose(a, plain) and not np.allclose(a, other)
+  # and decoding (evaluation) is the dropout-free model's
+  prompts, lens = np.asarray(tokens[:, :4], np.int32), np.full((2,), 4, np.int32)
+  got = evaluate.greedy_decode(cfg, params, prompts, lens, max_new=6, min_prompt=4)
+  want = evaluate.greedy_decode(model.Config(**{**cfg.__dict__, "dropout": 0.0}), params, prompts, lens,
+                                max_new=6, min_prompt=4)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def test_causal_attention_and_its_gradient_equal_the_plain_softmax():

@@ -121,6 +121,24 @@ def test_kill_and_resume_equals_uninterrupted(graph_config, tmp_path):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+def test_dropout_changes_training_and_resumes_exactly(graph_config, tmp_path):
+  c = graph_config
+  c.model.dropout = 0.2
+  cfg, members = _members(c)
+  full = loop.train_ensemble(c, cfg, members, None, str(tmp_path / "full"), progress=False)
+  loop.train_ensemble(c, cfg, members, None, str(tmp_path / "resumed"), stop_after=7, progress=False)
+  resumed = loop.train_ensemble(c, cfg, members, None, str(tmp_path / "resumed"), progress=False)
+  for x, y in zip(jax.tree.leaves(full["state"]), jax.tree.leaves(resumed["state"])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # the masks follow the step
+  keys = np.asarray(full["state"]["dropout_key"])
+  assert keys.shape == (2, 2) and not np.array_equal(keys[0], keys[1])  # each member its own masks
+  c.model.dropout = 0.0
+  cfg0, _ = _members(c)
+  plain = loop.train_ensemble(c, cfg0, members, None, str(tmp_path / "plain"), progress=False)
+  assert "dropout_key" not in plain["state"]
+  assert not np.allclose(plain["state"]["params"]["wte"]["embedding"], full["state"]["params"]["wte"]["embedding"])
+
+
 def test_bad_configs_give_clear_errors(graph_config, tmp_path):
   c = graph_config
   c.mixture.target = "edge_klingon"

@@ -94,6 +94,13 @@ def _decode_rows_per_device(cfg, params, prompts_ExBxP, prompt_len_ExB, *, mesh,
       params, prompts_ExBxP, prompt_len_ExB)
 
 
+@jax.jit
+def _member(params, k):
+  """Member `k` of stacked params, kept [1, ...] and laid out as they are (one compiled
+  program per ensemble size, not a gather per leaf)."""
+  return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, k, 1), params)
+
+
 def decode_batch(cfg, params, prompts_ExBxP: np.ndarray, prompt_len_ExB: np.ndarray, **kwargs) -> np.ndarray:
   """`ensemble_decode` of host prompts with their rows spread over the devices `params` live
   on (xlt.sharding.spread: otherwise each device would decode every row); tokens on the host.
@@ -103,6 +110,13 @@ def decode_batch(cfg, params, prompts_ExBxP: np.ndarray, prompt_len_ExB: np.ndar
   global program, the loop's "every row done?" test was an all-reduce per new token, and on
   XLA:CPU, whose devices share one thread pool, such a collective left waiting beside a
   training step's aborted a run (rendezvous timeout) on a busy 2-core machine."""
+  e = prompts_ExBxP.shape[0]
+  if e > 1 and ensemble_lib.resolve(kwargs.get("strategy", "auto")) == "map":
+    # lax.map runs members one after another anyway: one member per call compiles one
+    # program for any ensemble size, where a program per size recompiled (seconds each)
+    # whenever early stopping changed how many members an evaluation decodes
+    return np.concatenate([decode_batch(cfg, _member(params, k), prompts_ExBxP[k:k + 1], prompt_len_ExB[k:k + 1],
+                                        **kwargs) for k in range(e)])
   prompts_ExBxP, prompt_len_ExB = (sharding.spread(x, params, 1) for x in (prompts_ExBxP, prompt_len_ExB))
   mesh = sharding.replicated_mesh(params)
   if mesh is not None and jax.process_count() == 1:

@@ -36,11 +36,6 @@ from xlt import train as train_lib
 from xlt.data import pipeline
 
 
-# One compiled gather/scatter over the whole state (not one small op per leaf).
-_take = jax.jit(lambda tree, idx: jax.tree.map(lambda x: x[idx], tree))
-_put = jax.jit(lambda tree, idx, sub: jax.tree.map(lambda x, y: x.at[idx].set(y), tree, sub))
-
-
 @dataclasses.dataclass(frozen=True)
 class Member:
   """One model of the ensemble and what it trains on.
@@ -141,8 +136,9 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
   restored = ckpt_lib.restore(mngr, ckpt_lib.abstract(abstract_state(len(members)), state_sh), data)
   if restored is None:
     with jax.set_mesh(mesh):
-      state = jax.jit(lambda p: train_lib.init_state(model_cfg, tx, seeds, p),
-                      out_shardings=state_sh)(init_params)
+      # the seeds are an argument, not constants: one program for any seeds of this size
+      state = jax.jit(lambda s, p: train_lib.init_state(model_cfg, tx, s, p),
+                      out_shardings=state_sh)(np.asarray(seeds, np.uint32), init_params)
     loop = {"step": 0, "best": [-np.inf] * len(members), "since_best": [0] * len(members),
             "history": [[] for _ in members], "stopped_at": [None] * len(members)}
   else:
@@ -155,10 +151,10 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
   # updates (and donates). `merged()` is the current state of every member.
   def split(full):
     live = np.flatnonzero(np.asarray(full["active"]))
-    return live, _take(full, live)
+    return live, ensemble_lib.take(full, live)
 
   def merged():
-    return sub if len(live) == len(members) else _put(state, live, sub)
+    return sub if len(live) == len(members) else ensemble_lib.put(state, live, sub)
 
   def evaluate_and_stop(step):
     nonlocal state, live, sub

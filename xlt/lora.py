@@ -137,7 +137,7 @@ def merge_into(base, adapters):
   return jax.tree_util.tree_map_with_path(leaf, base)
 
 
-def apply(cfg: model_lib.Config, composite, tokens_BxT, cache=None, pos=0):
+def apply(cfg: model_lib.Config, composite, tokens_BxT, cache=None, pos=0, dropout_rng=None):
   """The adapter forward of {"base", "lora"}: every adapted projection computes
   x W + s (x a^T) b^T with W untouched (the base is never combined with the adapters)."""
   base, adapters = composite["base"], composite["lora"]
@@ -162,7 +162,7 @@ def apply(cfg: model_lib.Config, composite, tokens_BxT, cache=None, pos=0):
 
   used: set = set()
   with nn.intercept_methods(low_rank):
-    out = model_lib.GPT(cfg).apply({"params": base}, tokens_BxT, cache, pos)
+    out = model_lib.apply(cfg, base, tokens_BxT, cache, pos, dropout_rng)
   if unused := set(ab) - used:  # an adapter the model never reached would be silently lost
     raise ValueError(f"LoRA adapters for no projection of the model: {sorted(path_str(p) for p in unused)[:4]}")
   return out

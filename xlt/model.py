@@ -42,6 +42,9 @@ class Config:
   # which is what aligning digits of variable-length operands needs.
   pos_embedding: str = "learned"
   rope_base: float = 10000.0
+  # Dropout (GPT-2's places: the embeddings, the attention weights, each residual branch's
+  # output) while training; evaluation never drops. 0 builds no dropout at all.
+  dropout: float = 0.0
 
   def __post_init__(self):
     for f in ("vocab_size", "block_size", "num_layers", "num_heads", "d_model", "mlp_ratio"):
@@ -51,6 +54,8 @@ class Config:
       raise ValueError(f"model.d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
     if self.pos_embedding not in ("learned", "rope"):
       raise ValueError(f"model.pos_embedding must be 'learned' or 'rope', got {self.pos_embedding!r}")
+    if not 0.0 <= self.dropout < 1.0:
+      raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
     if self.pos_embedding == "rope" and (self.d_model // self.num_heads) % 2:
       raise ValueError(f"rope needs an even head width, got d_model/num_heads={self.d_model // self.num_heads}")
 
@@ -79,6 +84,14 @@ def _layer_norm(cfg: Config, name: str):
       bias_init=_zeros(("norm",)))
 
 
+def _dropout(module: nn.Module, cfg: Config, x):
+  """Dropout of `x` when `cfg.dropout` > 0 and the call was given a "dropout" rng (training:
+  xlt.train); otherwise `x` itself, so evaluation and dropout-free models are unchanged."""
+  if cfg.dropout == 0.0 or not module.has_rng("dropout"):
+    return x
+  return nn.Dropout(cfg.dropout, deterministic=False)(x)
+
+
 def rope(x_BxTxHxK, pos_T, base: float):
   """Rotates each (first half, second half) pair of head features by position x frequency
   (GPT-NeoX / LitGPT layout), so q.k depends on positions only through their offset."""
@@ -92,7 +105,7 @@ def rope(x_BxTxHxK, pos_T, base: float):
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x_BxTxHxK.dtype)
 
 
-def causal_attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS):
+def causal_attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p):
   """softmax(q.k + mask) @ v, normalised after the value product (flash attention's order):
   the division then touches [B, H, T, K] instead of [B, H, T, S], and the row maximum is
   outside the gradient (softmax does not depend on it), so the backward pass has no
@@ -104,7 +117,8 @@ def causal_attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS):
   max_BxHxTx1 = jax.lax.stop_gradient(att_BxHxTxS.max(-1, keepdims=True))
   p_BxHxTxS = jnp.exp(att_BxHxTxS - max_BxHxTx1)  # masked entries: exp(-1e30) = 0
   sum_BxTxHx1 = p_BxHxTxS.sum(-1).transpose(0, 2, 1)[..., None]  # >= 1: the diagonal is unmasked
-  out_BxTxHxK = jnp.einsum("bhts,bhsk->bthk", p_BxHxTxS.astype(dt), v_BxHxSxK)
+  # `drop` (dropout of the attention weights) after the sum: the normalised weights are dropped
+  out_BxTxHxK = jnp.einsum("bhts,bhsk->bthk", drop(p_BxHxTxS).astype(dt), v_BxHxSxK)
   return (out_BxTxHxK.astype(jnp.float32) / sum_BxTxHx1).astype(dt)
 
 
@@ -139,13 +153,14 @@ class Attention(nn.Module):
       k_BxHxSxK, v_BxHxSxK = k_BxHxTxK, v_BxHxTxK
     t, s = x_BxTxD.shape[1], k_BxHxSxK.shape[2]
     causal_TxS = (jnp.arange(t)[:, None] + pos) >= jnp.arange(s)[None, :]
-    out_BxTxHxK = causal_attention(q_BxHxTxK * (k ** -0.5), k_BxHxSxK.astype(dt), v_BxHxSxK.astype(dt), causal_TxS)
+    out_BxTxHxK = causal_attention(q_BxHxTxK * (k ** -0.5), k_BxHxSxK.astype(dt), v_BxHxSxK.astype(dt), causal_TxS,
+                                   lambda p: _dropout(self, c, p))
     out_BxTxD = nn.DenseGeneral(
         c.d_model, axis=(-2, -1), name="proj", dtype=dt,
         # GPT-2: residual projections start smaller so the residual stream stays O(1).
         kernel_init=_init(("heads", "kv", "embed"), 0.02 / (2 * c.num_layers) ** 0.5),
         bias_init=_zeros(("embed",)))(out_BxTxHxK)
-    return out_BxTxD, cache
+    return _dropout(self, c, out_BxTxD), cache
 
 
 _GELU_C = (2 / jnp.pi) ** 0.5
@@ -178,9 +193,10 @@ class Mlp(nn.Module):
     x_BxTxF = nn.Dense(f, name="fc", dtype=dt, kernel_init=_init(("embed", "mlp")),
                        bias_init=_zeros(("mlp",)))(x_BxTxD)
     x_BxTxF = gelu(x_BxTxF)
-    return nn.Dense(c.d_model, name="proj", dtype=dt,
-                    kernel_init=_init(("mlp", "embed"), 0.02 / (2 * c.num_layers) ** 0.5),
-                    bias_init=_zeros(("embed",)))(x_BxTxF)
+    x_BxTxD = nn.Dense(c.d_model, name="proj", dtype=dt,
+                       kernel_init=_init(("mlp", "embed"), 0.02 / (2 * c.num_layers) ** 0.5),
+                       bias_init=_zeros(("embed",)))(x_BxTxF)
+    return _dropout(self, c, x_BxTxD)
 
 
 class Block(nn.Module):
@@ -212,7 +228,7 @@ class GPT(nn.Module):
     if c.pos_embedding == "learned":
       wpe = self.param("wpe", _init(("pos", "embed")), (c.block_size, c.d_model))
       x_BxTxD = x_BxTxD + jnp.take(wpe, pos + jnp.arange(tokens_BxT.shape[1]), axis=0)[None]
-    x_BxTxD = x_BxTxD.astype(dt)
+    x_BxTxD = _dropout(self, c, x_BxTxD).astype(dt)
     new_cache = []
     for i in range(c.num_layers):
       x_BxTxD, layer_cache = Block(c, name=f"block_{i}")(
@@ -246,8 +262,10 @@ def logical_axes(cfg: Config):
   return nn.get_partition_spec(boxed)["params"]
 
 
-def apply(cfg: Config, params, tokens_BxT, cache=None, pos=0):
-  return GPT(cfg).apply({"params": params}, tokens_BxT, cache, pos)
+def apply(cfg: Config, params, tokens_BxT, cache=None, pos=0, dropout_rng=None):
+  """The forward pass; with `dropout_rng` (training) and `cfg.dropout` > 0, with dropout."""
+  rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
+  return GPT(cfg).apply({"params": params}, tokens_BxT, cache, pos, rngs=rngs)
 
 
 def count_params(params) -> int:

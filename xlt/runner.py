@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from xlt import checkpoint as ckpt_lib
+from xlt import ensemble as ensemble_lib
 from xlt import evaluate as eval_lib
 from xlt import loop as loop_lib
 from xlt import model as model_lib
@@ -80,7 +81,7 @@ def score_members(cfg, params, task: common.Task, sets: dict[str, common.EvalSet
     members = [i for i, ls in enumerate(member_langs) if lang in ls]
     if not members:
       continue
-    sub = jax.tree.map(lambda x: x[np.asarray(members)], params)
+    sub = ensemble_lib.take(params, np.asarray(members))
     prompt_ids = [tok.encode(p) for p in es.prompts]
     answers = eval_lib.decode_answers(cfg, sub, [prompt_ids] * len(members), max_new=es.max_new,
                                       eos_id=tok.eos_id, batch=batch)

@@ -32,6 +32,7 @@ import ml_collections
 import numpy as np
 
 from xlt import distributed
+from xlt import ensemble as ensemble_lib
 from xlt import loop as loop_lib
 from xlt import merge
 from xlt import model as model_lib
@@ -175,7 +176,7 @@ def _stack(trees):
 
 
 def _member(stacked, i):
-  return distributed.to_host(jax.tree.map(lambda x: x[i], stacked))
+  return distributed.to_host(ensemble_lib.take(stacked, i))
 
 
 def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None) -> list[dict]:

@@ -28,6 +28,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from xlt import ensemble as ensemble_lib
 from xlt import loop as loop_lib
 from xlt import lora, merge, neurons, partition, runner
 from xlt import train as train_lib
@@ -88,7 +89,7 @@ def _stack(trees):
 
 
 def _member(stacked, i):
-  return jax.tree.map(lambda x: np.asarray(x[i]), stacked)
+  return jax.tree.map(np.asarray, ensemble_lib.take(stacked, i))
 
 
 def _stage(c, train, opt) -> ml_collections.ConfigDict:

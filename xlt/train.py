@@ -28,7 +28,9 @@ from xlt import neurons as neurons_lib
 from xlt import sharding
 from xlt.merge.naming import path_names
 
-State = dict  # {"step": int32[E], "params": tree, "opt_state": tree, "active": bool[E]}
+# {"step": int32[E], "params": tree, "opt_state": tree, "active": bool[E]}, and with dropout
+# "dropout_key": uint32[E, 2] (each member's key data)
+State = dict
 
 
 def make_schedule(c) -> optax.Schedule:
@@ -61,45 +63,48 @@ def make_optimizer(c) -> optax.GradientTransformation:
   return optax.chain(optax.clip_by_global_norm(c.clip), opt) if c.clip else opt
 
 
-def apply(cfg: model_lib.Config, params, tokens_BxT):
+def apply(cfg: model_lib.Config, params, tokens_BxT, dropout_rng=None):
   """`model.apply` of plain params or of a composite: a LoRA one runs the adapter forward
   (xlt.lora), a neuron-masked one its params (xlt.neurons)."""
   if lora_lib.is_composite(params):
-    return lora_lib.apply(cfg, params, tokens_BxT)
+    return lora_lib.apply(cfg, params, tokens_BxT, dropout_rng=dropout_rng)
   if neurons_lib.is_composite(params):
     params = params["params"]
-  return model_lib.apply(cfg, params, tokens_BxT)
+  return model_lib.apply(cfg, params, tokens_BxT, dropout_rng=dropout_rng)
 
 
-def loss_sums(cfg: model_lib.Config, params, batch) -> tuple[jax.Array, jax.Array]:
-  """(sum of masked token cross-entropies, number of masked tokens)."""
+def loss_sums(cfg: model_lib.Config, params, batch, dropout_rng=None) -> tuple[jax.Array, jax.Array]:
+  """(sum of masked token cross-entropies, number of masked tokens); with `dropout_rng`, the
+  model's dropout is on (training)."""
   tokens_BxT = batch["tokens"]
-  logits_BxTxV, _ = apply(cfg, params, tokens_BxT[:, :-1])
+  logits_BxTxV, _ = apply(cfg, params, tokens_BxT[:, :-1], dropout_rng)
   ce_BxT = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, tokens_BxT[:, 1:])
   mask_BxT = batch["loss_mask"]
   return (ce_BxT * mask_BxT).sum(), mask_BxT.sum()
 
 
-def _grads(cfg, params, batch, accum: int, rebuild=lambda p: p):
+def _grads(cfg, params, batch, accum: int, rebuild=lambda p: p, dropout_rng=None):
   """Mean masked loss and its gradient with respect to `params` (the model is
   `rebuild(params)`); with `accum` > 1 the batch is split into micro-batches under
-  `lax.scan` (same result, a fraction of the activation memory)."""
+  `lax.scan` (same result, a fraction of the activation memory; each micro-batch its own
+  dropout masks)."""
 
-  def sums(p, b):
-    return loss_sums(cfg, rebuild(p), b)
+  def sums(p, b, rng):
+    return loss_sums(cfg, rebuild(p), b, rng)
 
   grad_fn = jax.value_and_grad(sums, has_aux=True)
   if accum == 1:
-    (total, count), g = grad_fn(params, batch)
+    (total, count), g = grad_fn(params, batch, dropout_rng)
   else:
     micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+    rngs = None if dropout_rng is None else jax.random.split(dropout_rng, accum)
 
-    def body(carry, b):
-      (t, n), g = grad_fn(params, b)
+    def body(carry, xs):
+      (t, n), g = grad_fn(params, *xs)
       return jax.tree.map(jnp.add, carry, (t, n, g)), None
 
     zeros = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
-    (total, count, g), _ = jax.lax.scan(body, zeros, micro)
+    (total, count, g), _ = jax.lax.scan(body, zeros, (micro, rngs))
   count = jnp.maximum(count, 1.0)
   return total / count, jax.tree.map(lambda x: x / count, g)
 
@@ -122,10 +127,13 @@ def train_step(state: State, batch, *, cfg, tx, accum: int = 1):
   extra = {"trainable": batch["trainable"]} if "trainable" in batch else {}
   batch = {k: batch[k] for k in ("tokens", "loss_mask")}
   trained, rebuild, more = split(state["params"])
-  loss, grads = _grads(cfg, trained, batch, accum, rebuild)
+  # dropout masks from the member's key and the step: the same on a resumed run
+  rng = (jax.random.fold_in(jax.random.wrap_key_data(state["dropout_key"]), state["step"])
+         if "dropout_key" in state else None)
+  loss, grads = _grads(cfg, trained, batch, accum, rebuild, rng)
   updates, opt_state = tx.update(grads, state["opt_state"], trained, **extra, **more)
-  new = {"step": state["step"] + 1, "params": rebuild(optax.apply_updates(trained, updates)),
-         "opt_state": opt_state, "active": state["active"]}
+  new = {**state, "step": state["step"] + 1, "params": rebuild(optax.apply_updates(trained, updates)),
+         "opt_state": opt_state}
   return new, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
 
@@ -136,8 +144,11 @@ def init_state(cfg: model_lib.Config, tx, seeds, params=None) -> State:
   def one(seed, params):
     if params is None:
       params = model_lib.init_params(cfg, jax.random.key(seed))
-    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(split(params)[0]),
-            "active": jnp.ones((), bool)}
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(split(params)[0]),
+             "active": jnp.ones((), bool)}
+    if cfg.dropout > 0:  # raw key data (uint32), which checkpoints store as any array
+      state["dropout_key"] = jax.random.key_data(jax.random.fold_in(jax.random.key(seed), 1))
+    return state
 
   return jax.vmap(one)(jnp.asarray(seeds, jnp.uint32), params)
 
@@ -170,7 +181,8 @@ def state_shardings(cfg: model_lib.Config, tx, mesh, rules, abstract_state):
     return rep
 
   opt_sh = jax.tree_util.tree_map_with_path(opt_leaf, abstract_state["opt_state"])
-  return {"step": rep, "params": param_sh, "opt_state": opt_sh, "active": rep}
+  return {"step": rep, "params": param_sh, "opt_state": opt_sh, "active": rep,
+          **({"dropout_key": rep} if "dropout_key" in abstract_state else {})}
 
 
 
