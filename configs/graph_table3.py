@@ -9,8 +9,9 @@ Reference validity, lang 2 alone → mixed (M=256 | M=512):
   diff. grammar + vocab   23.8% → 47.56%   | 68.37% → 85.16%
 Each point takes about as long as configs/graph.py (~10-12 min on a 2-core CPU).
 
-Obtained with configs/graph.py's earlier weight decay 0.1 (1.0 since 8e519b6;
-`--config.opt.weight_decay=0.1` reruns this), 2026-11-23, commit f87b2d7, seeds 0-2, graph
+Obtained with configs/graph.py's earlier recipe, weight decay 0.1 and no dropout (weight
+decay 1.0 since 8e519b6, dropout 0.05 since 0759c31; `--config.opt.weight_decay=0.1
+--config.model.dropout=0` reruns this), 2026-11-23, commit f87b2d7, seeds 0-2, graph
 seed 504 (test validity on 1000 unseen pairs, mean ± std; 77.7 min wall for the grid, run beside two text experiments on the same 2
 cores for its first ~30 min, so the first point took 1510 s and the others 599-660 s):
 
