@@ -115,9 +115,25 @@ def test_bad_model_config():
     model.Config(vocab_size=0)
   with pytest.raises(ValueError, match="pos_embedding"):
     model.Config(vocab_size=10, pos_embedding="alibi")
-  for bad in (-0.1, 1.0):
+  for bad in (-0.1, 1.0, 1e-6):
     with pytest.raises(ValueError, match="dropout"):
       model.Config(vocab_size=10, dropout=bad)
+
+
+def test_dropout_rate_scale_and_key():
+  x = jnp.arange(1, 200_001, dtype=jnp.float32).reshape(400, 500)
+  y = np.asarray(model.dropout(jax.random.key(0), x, 0.05))
+  kept = y != 0
+  keep = 1 - 3277 / 65536  # 0.05 rounded to a multiple of 2^-16
+  np.testing.assert_allclose(y[kept], np.asarray(x)[kept] / keep, rtol=1e-6)
+  assert abs((~kept).mean() - 0.05) < 0.002  # 200k draws: std ~0.0005
+  # the same key draws the same mask (also under jit); another key another mask
+  np.testing.assert_array_equal(np.asarray(jax.jit(model.dropout, static_argnums=2)(jax.random.key(0), x, 0.05)), y)
+  other = np.asarray(model.dropout(jax.random.key(1), x, 0.05)) != 0
+  assert (other != kept).mean() > 0.05
+  # rows are not copies of each other (the mask is drawn per entry, not per row)
+  assert len({row.tobytes() for row in kept}) == kept.shape[0]
+  assert model.dropout(jax.random.key(0), x.astype(jnp.bfloat16), 0.5).dtype == jnp.bfloat16
 
 
 def test_dropout_only_when_training_with_an_rng():
