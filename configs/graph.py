@@ -48,6 +48,14 @@ the test pairs), and node lists cannot teach when an edge list ends. Without dro
 analysis (that recipe's probe) gave 77 malformed, 39 missing hops, 102 wrong ends, and 89.5% at
 1 hop, 76.6% at 7 hops.
 
+Validity against budget, this recipe but 3x the steps (cosine over 3600), mixed only, no early
+stopping (`--config.conditions="('mixed',)" --config.train.steps=3600 --config.train.patience=1000
+--config.train.eval_every=200`, commit 4951f1c (flax's dropout masks), 1,769 s wall, about half
+of it beside the test suite): lang 2 mixed **96.87% ± 0.32** (96.5 / 97.0 / 97.1; best steps
+3000 / 2800 / 3200), lang 1 98.97% ± 0.25. Validation (mean of the three members) by step:
+400 73.3, 800 85.9, 1200 87.1, 1600 88.5, 2000 92.2, 2400 94.8, 2800 97.4, 3000 96.7, 3200
+97.9, 3400 96.9, 3600 97.0: a plateau at ~97% from ~2800 steps, where the 1200-step schedule
+ends at 97.9 too; three times the budget buys +1.3 points of test validity, still short of 97.
 Validity against budget, weight decay 1.0 without dropout but longer: 3x the steps, mixed only,
 no early stopping (`--config.conditions="('mixed',)" --config.model.dropout=0 --config.train.steps=3600
 --config.train.patience=1000 --config.train.eval_every=200`, commit fc33313, 2,217 s wall beside

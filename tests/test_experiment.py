@@ -162,3 +162,13 @@ def test_sigkill_and_rerun_gives_the_uninterrupted_result(tmp_path):
   full = json.load(open(tmp_path / "full" / "results.json"))
   resumed = json.load(open(tmp_path / "killed" / "results.json"))
   assert [r["values"] for r in full] == [r["values"] for r in resumed]
+
+
+def test_points_flag_errors(tmp_path):
+  # --points outside a grid, or naming a point the grid lacks: one line, exit 2, nothing trained
+  env = dict(os.environ, XLA_FLAGS="", PYTHONUNBUFFERED="1")
+  for config, want in (("configs/graph.py", "has no grid"), ("configs/graph_table3.py", "not in the grid")):
+    r = subprocess.run([sys.executable, "-m", "xlt.main", f"--config={config}", f"--workdir={tmp_path}",
+                        "--points=diff_vocab_m256,no_such_point"], env=env, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and want in r.stderr, r.stderr
+  assert not any(tmp_path.iterdir())

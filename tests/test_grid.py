@@ -73,6 +73,22 @@ def test_bad_grid_point_fails_before_training(tmp_path):
     grid.run(c, str(tmp_path), progress=False)
 
 
+def test_grid_points_selected_by_name(tmp_path):
+  points = [{"name": n} for n in ("a", "b", "c")]
+  assert grid.select(points) == points
+  assert grid.select(points, ["c", "a"]) == [{"name": "a"}, {"name": "c"}]  # the grid's order
+  for bad in (["a", "d"], []):
+    with pytest.raises(ValueError, match="not in the grid"):
+      grid.select(points, bad)
+  with pytest.raises(ValueError, match="unique"):
+    grid.select(points + [{"name": "a"}])
+  c = _tiny(addition_table2.get_config())
+  c.grid = [dict(p, **{"mixture.source_samples": 64, "mixture.target_samples": 16}) for p in c.grid[:2]]
+  rows = grid.run(c, str(tmp_path), progress=False, only=["standard+roman"])
+  assert {r["experiment"] for r in rows} == {"addition_table2/standard+roman"}
+  assert not (tmp_path / "standard+letter").exists()
+
+
 def test_graph_table3_grid_points_are_valid_experiments():
   from configs import graph_table3
 

@@ -38,11 +38,23 @@ def point_config(c, point: dict):
   return sub
 
 
-def run(c, workdir: str, progress: bool = True) -> list[dict]:
-  points = list(c.grid)
+def select(points: list[dict], only=None) -> list[dict]:
+  """The grid's points, or those named in `only` (in the grid's order): to split a grid over
+  machines, or rerun one point. A name the grid lacks is an error, not an empty run."""
   names = [p["name"] for p in points]
   if len(set(names)) != len(names):
     raise ValueError(f"grid point names must be unique: {names}")
+  if only is None:
+    return points
+  unknown = sorted(set(only) - set(names))
+  if unknown or not only:
+    raise ValueError(f"grid points {unknown or list(only)} are not in the grid; its points: {names}")
+  return [p for p in points if p["name"] in set(only)]
+
+
+def run(c, workdir: str, progress: bool = True, only=None) -> list[dict]:
+  """Runs the grid's points (or those named in `only`) and writes their results and table."""
+  points = select(list(c.grid), only)
   configs = [point_config(c, p) for p in points]  # fail on a bad point before any training
   rows = []
   for point, sub in zip(points, configs):

@@ -35,6 +35,9 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "this process's rank, 0 .
 _STOP_AFTER = flags.DEFINE_integer(
     "stop_after", None, "end the run at this training step, as a preemption would; the same command "
     "without it resumes from the last checkpoint")
+_POINTS = flags.DEFINE_list(
+    "points", None, "with a grid config: run only these points (comma-separated names), e.g. to "
+    "split a grid over machines")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -49,8 +52,12 @@ def main(argv):
     if not distributed.is_main():
       # process 0 prints the tables and summaries; the others (C++ libraries included) nothing
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    if _STOP_AFTER.value is None:
-      (grid.run if c.get("grid") else experiment.run)(c, _WORKDIR.value)
+    if _POINTS.value is not None and not c.get("grid"):
+      raise ValueError("--points selects points of a grid config; this config has no grid")
+    if _STOP_AFTER.value is None and c.get("grid"):
+      grid.run(c, _WORKDIR.value, only=_POINTS.value)
+    elif _STOP_AFTER.value is None:
+      experiment.run(c, _WORKDIR.value)
     elif c.get("grid"):
       raise ValueError("--stop_after stops one experiment; a grid config runs several")
     else:
