@@ -39,9 +39,10 @@ differ in how members are stepped, not in what they compute), the dropout rows o
   + dropout 0.1                                             96.61   (test 95.43 ± 0.64)
   + dropout 0.2                                             93.49   (test 90.27 ± 1.93)
   + dropout 0.1, 1500 steps                                 96.88   (test 93.23 ± 0.81)
-(The test column is for the record; the rule is validation. With flax's masks, dropout cost
-~20% of the step, in the masks' random bits; xlt.model.dropout, since 481b6f6, hashes a quarter
-as often: the default's wall time went from 999 s to 932 s.) Where the mixed edge-list answers fail (`python -m xlt.errors
+(The test column is for the record; the rule is validation. Dropout's cost is in its masks'
+random bits; xlt.model.dropout, since 481b6f6, hashes a quarter as often as flax's nn.Dropout:
+`python benchmarks/dropout.py`, one member, beside a training run: a step 1.35x the
+dropout-free one with flax's masks, 1.20x with xlt's (medians of 5 rounds).) Where the mixed edge-list answers fail (`python -m xlt.errors
 --config=configs/graph.py --predictions=<workdir>/predictions.jsonl`, the run above): of 3,000
 answers (3 seeds x 1,000 pairs) 61 malformed, 32 with a hop the graph lacks, 71 ending at
 another node; validity by the pair's distance 79.0% at 1 hop, 93.5% at 2, 91-98% at 3-7
