@@ -17,9 +17,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
-from xlt import allocator  # noqa: E402
+if __name__ == "__main__":  # as `python -m xlt.main` starts: before jax is imported
+  from xlt import allocator
 
-allocator.preload()  # as `python -m xlt.main` starts: before jax is imported
+  allocator.preload()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -179,3 +179,12 @@ def test_gelu_and_its_derivative_equal_flax():
   x = jnp.linspace(-8.0, 8.0, 2001)
   np.testing.assert_array_equal(model.gelu(x), nn.gelu(x))
   np.testing.assert_allclose(jax.vmap(jax.grad(model.gelu))(x), jax.vmap(jax.grad(nn.gelu))(x), atol=2e-6)
+
+
+def test_benchmark_flax_masks_are_nn_dropout():
+  # benchmarks/dropout.py times flax's masks through its own function: it must be nn.Dropout's
+  from benchmarks import dropout as bench
+
+  x = jnp.arange(1.0, 1001.0).reshape(10, 100)
+  want = nn.Dropout(0.3, deterministic=False).apply({}, x, rng=jax.random.key(3))
+  np.testing.assert_array_equal(np.asarray(bench.flax_masks(jax.random.key(3), x, 0.3)), np.asarray(want))
