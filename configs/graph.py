@@ -78,8 +78,8 @@ steps: 90.30% ± 2.13), second graph 46.57% ± 2.48 -> 86.50% ± 3.06; on one CP
 (ca4965b): 47.47% ± 2.71 -> 90.23% ± 1.53 (744 s). (This graph has 137 edges and diameter 9,
 shorter paths than the reference's 152-edge graph, so edge lists alone already reach ~47%.)
 configs/graph_table3.py, graph_vocab.py and graph_grammar_vocab.py start from this config;
-their docstrings' numbers were measured with weight decay 0.1 and no dropout
-(`--config.opt.weight_decay=0.1 --config.model.dropout=0`).
+their docstrings' numbers were measured with this recipe (2026-11-24), and graph_table3's also
+with the earlier one (`--config.opt.weight_decay=0.1 --config.model.dropout=0`).
 Other pairs: configs/graph_vocab.py, configs/graph_grammar_vocab.py;
 M=512: `--config.mixture.target_samples=512`.
 """

@@ -5,6 +5,10 @@
 Language 1 = node lists, plain ids (N=2048); language 2 = edge lists with ids shifted by
 10000 (M=256). Reference validity: lang 2 alone 23.8%, mixed 47.56% ± 3.6 (M=512: 68.37% →
 85.16%); lang 1 alone 98.34%, mixed 98.83%.
+
+Obtained as configs/graph_table3.py's points (graph.py's recipe, commit 1513862, 2026-11-24,
+seeds 0-2; that docstring has the command): lang 2 46.53% ± 3.50 → 64.97% ± 1.99 (870 s);
+M=512: 80.97% ± 5.30 → 83.87% ± 0.64; lang 1 alone 98.10%, mixed 97.60% ± 1.11.
 """
 
 from configs import graph

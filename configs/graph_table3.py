@@ -7,28 +7,39 @@ Reference validity, lang 2 alone → mixed (M=256 | M=512):
   diff. vocab             23.9% → 57.32%   | 64.45% → 82.62%
   diff. grammar           23.9% → 98.05%   | 64.45% → 97.17%
   diff. grammar + vocab   23.8% → 47.56%   | 68.37% → 85.16%
-Each point takes about as long as configs/graph.py (~10-12 min on a 2-core CPU).
+Each point takes about as long as configs/graph.py (~14-16 min on a 2-core CPU).
 
-Obtained with configs/graph.py's earlier recipe, weight decay 0.1 and no dropout (weight
-decay 1.0 since 8e519b6, dropout 0.05 since 0759c31; `--config.opt.weight_decay=0.1
---config.model.dropout=0` reruns this), 2026-11-23, commit f87b2d7, seeds 0-2, graph
-seed 504 (test validity on 1000 unseen pairs, mean ± std; 77.7 min wall for the grid, run beside two text experiments on the same 2
-cores for its first ~30 min, so the first point took 1510 s and the others 599-660 s):
+Obtained with configs/graph.py's recipe (dropout 0.05, weight decay 1.0), 2026-11-24, seeds
+0-2, graph seed 504, AMD EPYC with 2 CPU devices (test validity on 1000 unseen pairs, mean ±
+std). Five points ran as `python -m xlt.main --config=configs/graph_table3.py
+--workdir=runs/graph_table3 --points=diff_vocab_m256,diff_grammar_vocab_m256,diff_vocab_m512,
+diff_grammar_m512,diff_grammar_vocab_m512` at commit 1513862 (824-917 s each, 71.6 min for the five);
+diff_grammar_m256 is configs/graph.py's own run at 481b6f6 (the same config; the commits
+between change neither), 932 s:
 
   pair (lang 1 → lang 2)        M    lang 2 alone → mixed      lang 1 alone → mixed     reference lang 2
-  diff. vocab (edge → edge+off)  256  46.33 ± 3.23 → 58.00 ± 2.69  97.23 → 97.03 ± 1.15  23.9 → 57.32
-  diff. grammar (node → edge)    256  45.57 ± 0.59 → 89.40 ± 0.80  97.90 → 97.20 ± 0.36  23.9 → 98.05
-  diff. grammar + vocab          256  47.67 ± 3.46 → 51.23 ± 3.82  96.90 → 96.40 ± 0.87  23.8 → 47.56
-  diff. vocab                    512  72.17 ± 1.55 → 82.37 ± 1.01  97.23 → 97.90 ± 0.36  64.45 → 82.62
-  diff. grammar                  512  71.70 ± 1.82 → 95.67 ± 0.49  97.90 → 97.70 ± 0.75  64.45 → 97.17
-  diff. grammar + vocab          512  75.70 ± 0.35 → 78.77 ± 2.95  96.90 → 97.70 ± 0.30  68.37 → 85.16
+  diff. vocab (edge → edge+off)  256  45.80 ± 1.15 → 70.97 ± 4.02  94.70 → 98.67 ± 0.45  23.9 → 57.32
+  diff. grammar (node → edge)    256  46.63 ± 1.36 → 94.53 ± 1.00  98.00 → 98.27 ± 0.75  23.9 → 98.05
+  diff. grammar + vocab          256  46.53 ± 3.50 → 64.97 ± 1.99  98.10 → 97.60 ± 1.11  23.8 → 47.56
+  diff. vocab                    512  82.90 ± 1.64 → 88.73 ± 2.00  94.70 → 98.23 ± 0.59  64.45 → 82.62
+  diff. grammar                  512  82.37 ± 0.49 → 97.50 ± 0.10  98.00 → 98.30 ± 0.44  64.45 → 97.17
+  diff. grammar + vocab          512  80.97 ± 5.30 → 83.87 ± 0.64  98.10 → 97.70 ± 0.36  68.37 → 85.16
 
-(xlt repeats the alone baselines over 3 seeds too; lang 1 alone is the mean over them.) The
-reference's ordering holds at both M: a different grammar transfers most (+44 and +24 points),
-a different vocabulary less (+12, +10), both together least (+4, +3). The mixed values match the
-reference's within a few points except diff. grammar at M=256 (89.40 vs 98.05) and diff.
-grammar + vocab at M=512 (78.77 vs 85.16). The alone baselines are higher than the reference's
-(this graph's paths are shorter), so the gains are smaller.
+(xlt repeats the alone baselines over 3 seeds too; lang 1 alone is the mean over them.)
+The reference's ordering holds at both M: a different grammar transfers most (+47.9 and +15.1
+points), a different vocabulary less (+25.2, +5.8), both together least (+18.4, +2.9). Against
+the reference's mixed values: diff. grammar at M=512 matches (97.50 vs 97.17) and both at M=512
+is close (83.87 vs 85.16); diff. grammar at M=256 is short (94.53 vs 98.05); the two vocabulary
+pairs transfer more than the reference's at M=256 (70.97 vs 57.32, 64.97 vs 47.56) and diff.
+vocab at M=512 too (88.73 vs 82.62). The alone baselines are higher than the reference's (this
+graph's paths are shorter), so the gains are smaller.
+
+With the earlier recipe, weight decay 0.1 and no dropout (`--config.opt.weight_decay=0.1
+--config.model.dropout=0`), commit f87b2d7, 2026-11-23, 77.7 min for the grid partly beside
+other runs, lang 2 alone → mixed: diff. vocab 46.33 ± 3.23 → 58.00 ± 2.69 (M=256), 72.17 ±
+1.55 → 82.37 ± 1.01 (512); diff. grammar 45.57 ± 0.59 → 89.40 ± 0.80, 71.70 ± 1.82 → 95.67 ±
+0.49; both 47.67 ± 3.46 → 51.23 ± 3.82, 75.70 ± 0.35 → 78.77 ± 2.95: the same ordering, with
+less transfer everywhere.
 """
 
 from configs import graph
