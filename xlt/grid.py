@@ -46,10 +46,11 @@ def select(points: list[dict], only=None) -> list[dict]:
     raise ValueError(f"grid point names must be unique: {names}")
   if only is None:
     return points
-  unknown = sorted(set(only) - set(names))
-  if unknown or not only:
+  wanted = set(only)
+  unknown = sorted(wanted - set(names))
+  if unknown or not wanted:
     raise ValueError(f"grid points {unknown or list(only)} are not in the grid; its points: {names}")
-  return [p for p in points if p["name"] in set(only)]
+  return [p for p in points if p["name"] in wanted]
 
 
 def run(c, workdir: str, progress: bool = True, only=None) -> list[dict]:

@@ -52,14 +52,12 @@ def main(argv):
     if not distributed.is_main():
       # process 0 prints the tables and summaries; the others (C++ libraries included) nothing
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    if _POINTS.value is not None and not c.get("grid"):
-      raise ValueError("--points selects points of a grid config; this config has no grid")
-    if _STOP_AFTER.value is None and c.get("grid"):
+    if c.get("grid"):
+      if _STOP_AFTER.value is not None:
+        raise ValueError("--stop_after stops one experiment; a grid config runs several")
       grid.run(c, _WORKDIR.value, only=_POINTS.value)
-    elif _STOP_AFTER.value is None:
-      experiment.run(c, _WORKDIR.value)
-    elif c.get("grid"):
-      raise ValueError("--stop_after stops one experiment; a grid config runs several")
+    elif _POINTS.value is not None:
+      raise ValueError("--points selects points of a grid config; this config has no grid")
     else:
       experiment.run(c, _WORKDIR.value, stop_after=_STOP_AFTER.value)
   except (ValueError, KeyError, FileNotFoundError, checkpoint.CheckpointError) as e:

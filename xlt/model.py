@@ -93,13 +93,13 @@ def dropout(key, x, rate: float):
 
   Why not flax's nn.Dropout: it draws a float32 uniform per entry from the partitionable
   threefry, which hashes once per entry; 16 bits per entry from the non-partitionable threefry
-  (two 32-bit words per hash) is a quarter of the hashes, and the masks' random bits were ~20%
-  of the graph config's step on CPU. The mask depends only on the key and x's shape, so it is
-  the same however x is sharded."""
+  (two 32-bit words per hash) is a quarter of the hashes: on CPU a graph-config step with
+  flax's masks took 1.35x a dropout-free one, with these 1.20x (benchmarks/dropout.py). The
+  mask depends only on the key and x's shape, so it is the same however x is sharded."""
   threshold = round(rate * 2**DROPOUT_BITS)
   keep = 1.0 - threshold / 2**DROPOUT_BITS
   with jax.threefry_partitionable(False):  # read when traced: scoped to this draw
-    bits = jax.random.bits(key, x.shape, jnp.uint16)
+    bits = jax.random.bits(key, x.shape, jnp.dtype(f"uint{DROPOUT_BITS}"))
   return jnp.where(bits >= threshold, x / keep, 0).astype(x.dtype)
 
 
