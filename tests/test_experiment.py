@@ -70,7 +70,8 @@ def test_seeds_per_condition_and_reduced_addition_configs():
   c = addition.get_config("cpu")
   cells = transfer.plan(c)
   assert [(cell.condition, cell.seed) for cell in cells] == [
-      ("target_alone", 0), ("source_alone", 0), ("mixed", 0), ("mixed", 1)]
+      ("target_alone", 0), ("source_alone", 0), ("mixed", 0), ("mixed", 1), ("mixed", 2)]
+  assert (c.model.dropout, c.opt.weight_decay, c.train.steps) == (0.05, 1.0, 5000)
   assert dict(cells[2].samples) == {"standard": 11520 // 8, "letter": 1280 // 8}
   c.seeds_per_condition = {"mixed": 0}
   with pytest.raises(ValueError, match="needs >= 1 seed"):
