@@ -13,8 +13,9 @@ Reference (lang 1 alone / mixed, lang 2 alone / mixed, exact match):
 Each point trains its conditions × seeds together; finished points are skipped on a rerun.
 `:cpu` is the reduced setting of configs/addition.py (3-digit operands, counts / 8).
 
-xlt `:cpu`, this 2-core CPU, 2026-11-21 (83 min wall for the grid; mixed over 2 seeds, each
-alone baseline 1 seed; lang 1 alone / mixed, lang 2 alone / mixed, test exact match):
+xlt `:cpu` at the recipe before commit b9b39ac (weight decay 0.1, no dropout, 2000 steps,
+patience 3, mixed over 2 seeds, each alone baseline 1 seed), this 2-core CPU, 2026-11-21
+(83 min wall for the grid; lang 1 alone / mixed, lang 2 alone / mixed, test exact match):
   Standard + Letter  1440/160    99.30% / 89.90 ± 5.94    0.00% / 67.70 ± 25.60
   Standard + Roman   1024/256    99.90% / 94.30 ± 2.69    0.70% / 0.75 ± 0.07
   Standard + Hex     1024/512    98.10% / 92.30 ± 5.37    0.10% / 55.10 ± 47.23
@@ -26,6 +27,9 @@ mixing lifts it (Letter, Hex, Standard), while Roman neither receives (0.70 -> 0
 (0.50 -> 1.50) much. The mixed numbers are lower bounds: most mixed models were still
 improving when the 2000-step budget ended (their best step was the last), and seeds split
 between learned and not yet learned (the large stds).
+The grid has not been rerun at the current `:cpu` recipe (dropout 0.05, weight decay 1.0,
+3 mixed seeds, up to 5000 steps, patience 8: configs/addition.py); its first point,
+Standard + Letter, is configs/addition.py:cpu, whose docstring has that run.
 """
 
 from configs import addition
