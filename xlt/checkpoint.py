@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 
 import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from xlt import distributed
+from xlt import distributed, fileio
 
 
 def manager(directory: str, max_to_keep: int = 2) -> ocp.CheckpointManager:
@@ -131,10 +130,8 @@ class BestParams:
     self.scores[ids[improved]] = scores[improved]
     if not distributed.is_main():  # every process keeps the best params; one writes them
       return
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".npz.tmp")
-    with os.fdopen(fd, "wb") as f:
+    with fileio.atomic_open(self.path) as f:
       np.savez(f, scores=self.scores, **{f"leaf_{k}": x for k, x in enumerate(self.leaves)})
-    os.replace(tmp, self.path)
 
   def params(self, like):
     """The best parameters in `like`'s tree structure (`like` itself if none were recorded)."""

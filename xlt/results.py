@@ -16,11 +16,10 @@ import csv
 import io
 import json
 import os
-import tempfile
 
 import numpy as np
 
-from xlt import distributed
+from xlt import distributed, fileio
 
 FIELDS = ("experiment", "task", "language", "role", "condition", "metric", "mean", "std", "seeds",
           "samples", "values")
@@ -41,11 +40,7 @@ def atomic_write(path: str, text: str):
   only: the others would write the same bytes to the same shared file.)"""
   if not distributed.is_main():
     return
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp_")
-  with os.fdopen(fd, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
+  fileio.write_text(path, text)
 
 
 def write(workdir: str, rows: list[dict]):
@@ -122,6 +117,5 @@ def plot_curves(path: str, curves: dict[str, list[tuple[int, float]]], ylabel: s
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7, ncol=2)
   fig.tight_layout()
-  tmp = path + ".tmp.png"
-  fig.savefig(tmp, dpi=120)
-  os.replace(tmp, path)
+  with fileio.atomic_open(path) as f:
+    fig.savefig(f, format="png", dpi=120)

@@ -44,13 +44,13 @@ import itertools
 import logging
 import os
 import struct
-import tempfile
 from typing import Iterable, Iterator, Mapping, Sequence
 
 import grain
 import numpy as np
 import sentencepiece as spm
 
+from xlt import fileio
 from xlt.data import corpus
 from xlt.data import text
 
@@ -135,30 +135,21 @@ def write_packed_tokens(path: str, rows: Iterable[Mapping[str, np.ndarray]]) -> 
 
   Segment ids and loss masks are not stored: `row_features` rederives them from the tokens.
   """
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".npy.tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(_npy_header((0, 0)))  # placeholder, same size
-      n_rows, row_len = 0, None
-      for row in rows:
-        tokens = np.asarray(row["tokens"], np.int32)
-        if row_len is None:
-          row_len = len(tokens)
-        elif len(tokens) != row_len:
-          raise ValueError(f"row {n_rows} has {len(tokens)} tokens, earlier rows {row_len}")
-        f.write(tokens.astype("<i4").tobytes())
-        n_rows += 1
+  with fileio.atomic_open(path) as f:
+    f.write(_npy_header((0, 0)))  # placeholder, same size
+    n_rows, row_len = 0, None
+    for row in rows:
+      tokens = np.asarray(row["tokens"], np.int32)
       if row_len is None:
-        raise ValueError(f"no packed rows to write to {path}")
-      f.seek(0)
-      f.write(_npy_header((n_rows, row_len)))
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    os.unlink(tmp)
-    raise
+        row_len = len(tokens)
+      elif len(tokens) != row_len:
+        raise ValueError(f"row {n_rows} has {len(tokens)} tokens, earlier rows {row_len}")
+      f.write(tokens.astype("<i4").tobytes())
+      n_rows += 1
+    if row_len is None:
+      raise ValueError(f"no packed rows to write to {path}")
+    f.seek(0)
+    f.write(_npy_header((n_rows, row_len)))
   return n_rows
 
 

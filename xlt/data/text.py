@@ -25,12 +25,12 @@ import itertools
 import json
 import logging
 import os
-import tempfile
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
 
+from xlt import fileio
 from xlt.data import corpus
 
 log = logging.getLogger(__name__)
@@ -60,21 +60,6 @@ def tokenizer_sentences(corpora_documents: Sequence[Iterable[str]],
   budget = min(sum(len(s) for s in lines) for lines in per_language)
   balanced = [_head_by_chars(lines, budget) for lines in per_language]
   return [s for group in itertools.zip_longest(*balanced) for s in group if s is not None]
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-  """Writes to a temporary file in the same directory, then renames: never a partial file."""
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    os.unlink(tmp)
-    raise
 
 
 def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
@@ -130,8 +115,8 @@ def train_or_load_tokenizer(workdir: str, corpora: Sequence[corpus.CorpusSpec], 
     raise ValueError(f"sentencepiece could not train a vocab_size={vocab_size} tokenizer on "
                      f"{len(sentences)} lines of {[c.path for c in corpora]}: {hint}. "
                      f"sentencepiece says: {reason}") from None
-  _write_atomic(path, model.getvalue())
-  _write_atomic(path[: -len(".model")] + ".json", json.dumps(settings, indent=1).encode())
+  fileio.write_bytes(path, model.getvalue())
+  fileio.write_text(path[: -len(".model")] + ".json", json.dumps(settings, indent=1))
   return load_tokenizer(path)
 
 

@@ -8,11 +8,10 @@ which blocks to swap.
 
 from __future__ import annotations
 
-import os
-import tempfile
 
 import numpy as np
 
+from xlt import fileio
 from xlt.merge import core
 from xlt.merge.naming import XLT, Naming, path_str
 
@@ -97,13 +96,5 @@ def plot_row_change(change: dict, path: str, title: str | None = None) -> None:
   if title:
     fig.suptitle(title, fontsize=10)
 
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix=".png")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      fig.savefig(f, format="png", dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
-  except BaseException:
-    os.unlink(tmp)
-    raise
+  with fileio.atomic_open(path) as f:
+    fig.savefig(f, format="png", dpi=120, bbox_inches="tight")

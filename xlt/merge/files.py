@@ -20,10 +20,10 @@ import glob
 import json
 import os
 import struct
-import tempfile
 
 import numpy as np
 
+from xlt import fileio
 from xlt.merge import analysis, combine, core, naming as naming_lib, swap
 from xlt.merge.maet import maet as _maet  # xlt.merge.maet is the function
 
@@ -133,20 +133,12 @@ def save(tree, file: str, metadata: dict | None = None) -> None:
     header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
   raw = json.dumps(header, separators=(",", ":")).encode()
   raw += b" " * (-len(raw) % 8)  # the format pads the header to a multiple of 8 bytes
-  directory = os.path.dirname(os.path.abspath(file))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix=".safetensors")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(struct.pack("<Q", len(raw)) + raw)
-      for name, x in leaves:
-        a = np.ascontiguousarray(np.asarray(x))
-        f.write(a.view(np.uint8).reshape(-1).data if a.size else b"")
-        del a
-    os.replace(tmp, file)
-  except BaseException:
-    os.unlink(tmp)
-    raise
+  with fileio.atomic_open(file) as f:
+    f.write(struct.pack("<Q", len(raw)) + raw)
+    for name, x in leaves:
+      a = np.ascontiguousarray(np.asarray(x))
+      f.write(a.view(np.uint8).reshape(-1).data if a.size else b"")
+      del a
 
 
 # ---- merging checkpoint files

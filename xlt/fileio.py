@@ -1,0 +1,47 @@
+"""Atomic file writes: a file xlt writes is either its old self or complete, never torn.
+
+Standard library only, so every part of xlt (the pure merge library included) can use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from typing import IO, Iterator
+
+
+@contextlib.contextmanager
+def atomic_open(path: str, mode: str = "wb") -> Iterator[IO]:
+  """Opens a temporary file beside `path`; on a clean exit flushes it to disk and renames it
+  onto `path`, on an exception removes it and leaves `path` as it was.
+
+  The temporary file is in the same directory because a rename is atomic only within one file
+  system; it is fsynced before the rename so that a power cut cannot leave a renamed but empty
+  file. `mode` is "wb" or "w" (text, UTF-8).
+  """
+  if mode not in ("wb", "w"):
+    raise ValueError(f"atomic_open writes whole files: mode 'wb' or 'w', not {mode!r}")
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix="_" + os.path.basename(path))
+  try:
+    with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+      yield f
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(tmp)
+    raise
+
+
+def write_bytes(path: str, data: bytes) -> None:
+  with atomic_open(path, "wb") as f:
+    f.write(data)
+
+
+def write_text(path: str, text: str) -> None:
+  with atomic_open(path, "w") as f:
+    f.write(text)
