@@ -175,6 +175,17 @@ def test_causal_attention_and_its_gradient_equal_the_plain_softmax():
     np.testing.assert_allclose(g, g_plain, rtol=1e-4, atol=1e-4)
 
 
+def test_attention_benchmark_variants_compute_xlts_attention():
+  """benchmarks/attention.py times its variants as alternatives to xlt's: they must agree."""
+  from benchmarks import attention
+
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 3, 7, 4)) for i in range(3))
+  mask = jnp.tril(jnp.ones((7, 7), bool))
+  want = model.causal_attention(q, k, v, mask)
+  for name, fn in attention.VARIANTS.items():
+    np.testing.assert_allclose(fn(q, k, v, mask), want, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_gelu_and_its_derivative_equal_flax():
   x = jnp.linspace(-8.0, 8.0, 2001)
   np.testing.assert_array_equal(model.gelu(x), nn.gelu(x))
