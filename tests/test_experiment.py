@@ -173,3 +173,12 @@ def test_points_flag_errors(tmp_path):
                         "--points=diff_vocab_m256,no_such_point"], env=env, cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and want in r.stderr, r.stderr
   assert not any(tmp_path.iterdir())
+
+
+def test_a_workdir_of_another_config_is_a_user_error(tmp_path):
+  (tmp_path / "config.json").write_text(json.dumps({"name": "someone else's run"}))
+  cmd, env = _main(tmp_path)
+  r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+  assert r.returncode == 2 and "holds an experiment run with another config (" in r.stderr, r.stderr
+  assert "name: \"someone else's run\" there, 'graph_diff_grammar' now" in r.stderr
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]  # nothing trained or written

@@ -102,6 +102,44 @@ def write_predictions(path: str, records: list[dict], member_names: Sequence[str
   results_lib.atomic_write(path, "\n".join(lines) + "\n")
 
 
+# Config fields that may differ between runs into one workdir: how often to log and save, and
+# how the devices are laid out (which moves results by float rounding only).
+MAY_CHANGE_ON_RESUME = ("train.log_every", "train.checkpoint_every", "mesh.")
+
+
+def _flat(tree, prefix=""):
+  if isinstance(tree, dict):
+    return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+  return {prefix[:-1]: tree}
+
+
+def claim_workdir(c, workdir: str):
+  """Records the config in <workdir>/config.json, or checks it against the one recorded there.
+
+  A workdir holds one experiment: its checkpoints resume and its results are reused when the
+  command is run again. Run again with another recipe (say `--config.train.steps`), it would
+  silently continue or report the old one; so a config that differs from the recorded one in
+  a field that changes results is an error naming the fields. (A workdir from before this
+  check has no config.json: this run records its config.)"""
+  now = json.loads(json.dumps(c.to_dict(), default=repr))
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    results_lib.atomic_write(path, json.dumps(now, indent=1, sort_keys=True))
+    return
+  with open(path) as f:
+    recorded = json.load(f)
+  old, new = _flat(recorded), _flat(now)
+  diff = sorted((k for k in old.keys() | new.keys()
+                 if old.get(k, "<unset>") != new.get(k, "<unset>")
+                 and not any(k == m or (m.endswith(".") and k.startswith(m)) for m in MAY_CHANGE_ON_RESUME)),
+                key=lambda k: (k not in old or k not in new, k))  # changed values before added fields
+  if diff:
+    shown = "; ".join(f"{k}: {old.get(k, '<unset>')!r} there, {new.get(k, '<unset>')!r} now" for k in diff[:8])
+    raise ValueError(f"{workdir} holds an experiment run with another config ({shown}"
+                     f"{'; ...' if len(diff) > 8 else ''}): use a fresh workdir (its recorded config is "
+                     f"{path})")
+
+
 def finished_rows(workdir: str) -> list[dict] | None:
   """The results rows of a workdir whose experiment finished (it holds results.json; says so
   on stdout), or None."""

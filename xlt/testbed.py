@@ -184,6 +184,7 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   stopped early by `stop_after`, which applies to each training stage)."""
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
+  runner.claim_workdir(c, workdir)
   if (rows := runner.finished_rows(workdir)) is not None:
     return rows
   t0 = time.time()

@@ -337,6 +337,7 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   early by `stop_after`; a later call resumes from the workdir's checkpoint)."""
   t0 = time.time()
   os.makedirs(workdir, exist_ok=True)
+  runner.claim_workdir(c, workdir)
   cells = plan(c)
   conditions = list(c.conditions)
   task = get_task(c, workdir, conditions)

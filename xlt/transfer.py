@@ -98,6 +98,7 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   A workdir that already holds this experiment's results is not trained again."""
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
+  runner.claim_workdir(c, workdir)
   rows = runner.finished_rows(workdir)
   if rows is not None:
     return rows
