@@ -35,7 +35,12 @@ configs/addition.py:cpu's run; the others `--workdir=runs/table2_cpu
 points' checkpoints):
   Standard + Letter  1440/160    99.10% / 99.77 ± 0.40    0.00% / 98.40 ± 2.42
   Standard + Roman   1024/256    98.70% / 99.13 ± 0.96    0.60% / 0.53 ± 0.38
-  the other four points: not finished yet.
+  Standard + Hex     1024/512   100.00% / 98.17 ± 1.15    0.00% / 88.03 ± 3.04
+  the other three points: not finished yet.
+Standard + Hex (34 min wall, alone on the machine): hex mixed per seed 84.6 / 89.1 / 90.4, best
+validation at steps 3000 / 4000 / 1500, each member stopped by patience (the second exactly at
+the 5000-step budget, 1000 steps after its best); the reference's 0% -> 97.94%. Before b9b39ac
+(weight decay 0.1, 2000 steps, 2 seeds) this point gave 55.10 ± 47.23.
 Standard + Roman (118 min wall, about a third of it beside tests and benchmarks): every member
 stopped inside the budget (after 1625-3000 steps; the mixed members' best validation at
 2000 / 1750 / 1250), and Roman still neither learns alone nor receives: per seed 0.7 / 0.1 /
