@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 import jax
 import numpy as np
+from flax import traverse_util
 
 from xlt import checkpoint as ckpt_lib
 from xlt import ensemble as ensemble_lib
@@ -107,12 +108,6 @@ def write_predictions(path: str, records: list[dict], member_names: Sequence[str
 MAY_CHANGE_ON_RESUME = ("train.log_every", "train.checkpoint_every", "mesh.")
 
 
-def _flat(tree, prefix=""):
-  if isinstance(tree, dict):
-    return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
-  return {prefix[:-1]: tree}
-
-
 def claim_workdir(c, workdir: str):
   """Records the config in <workdir>/config.json, or checks it against the one recorded there.
 
@@ -128,7 +123,7 @@ def claim_workdir(c, workdir: str):
     return
   with open(path) as f:
     recorded = json.load(f)
-  old, new = _flat(recorded), _flat(now)
+  old, new = traverse_util.flatten_dict(recorded, sep="."), traverse_util.flatten_dict(now, sep=".")
   diff = sorted((k for k in old.keys() | new.keys()
                  if old.get(k, "<unset>") != new.get(k, "<unset>")
                  and not any(k == m or (m.endswith(".") and k.startswith(m)) for m in MAY_CHANGE_ON_RESUME)),

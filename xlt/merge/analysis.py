@@ -8,7 +8,6 @@ which blocks to swap.
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from xlt import fileio
