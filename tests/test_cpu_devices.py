@@ -42,6 +42,28 @@ def test_a_fresh_process_gets_the_devices():
     assert out.stdout.split()[-1] == n
 
 
+def test_cores_env_pins_the_process_and_counts_its_cores():
+  code = ("import os; from xlt import cpu_devices; n = cpu_devices.configure(); import jax; "
+          "print(sorted(os.sched_getaffinity(0)), n, jax.device_count())")
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "XLT_CPU_DEVICES")}
+  core = max(os.sched_getaffinity(0))
+  out = subprocess.run([sys.executable, "-c", code], env={**env, "XLT_CPU_CORES": str(core), "JAX_PLATFORMS": "cpu"},
+                       cwd=REPO, capture_output=True, text=True, check=True)
+  assert out.stdout.split("\n")[-2] == f"[{core}] 1 1"
+  for bad, why in (("zero", "comma-separated core ids"), ("100000", "not among this process's")):
+    with pytest.raises(ValueError, match=why):
+      cpu_devices.configure({"XLT_CPU_CORES": bad})
+
+
+def test_worker_env_pins_and_drops_the_parents_device_count():
+  parent = {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=8", "HOME": "/h",
+            "XLT_CPU_DEVICES": "1"}
+  env = cpu_devices.worker_env([3, 2], parent)
+  assert env == {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false", "HOME": "/h", "XLT_CPU_DEVICES": "1",
+                 "XLT_CPU_CORES": "2,3"}
+  assert parent["XLA_FLAGS"].endswith("=8")  # the parent's own environment is untouched
+
+
 CFG = model_lib.Config(vocab_size=40, block_size=32, num_layers=2, num_heads=2, d_model=16)
 
 

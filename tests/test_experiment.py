@@ -182,3 +182,21 @@ def test_a_workdir_of_another_config_is_a_user_error(tmp_path):
   assert r.returncode == 2 and "holds an experiment run with another config (" in r.stderr, r.stderr
   assert "name: \"someone else's run\" there, 'graph_diff_grammar' now" in r.stderr
   assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]  # nothing trained or written
+
+
+def test_point_workers_train_a_grid_from_the_command_line(tmp_path):
+  # two points at once, each a `python -m xlt.main --points=...` of its own (the command's
+  # overrides passed on), pinned to its own core; the parent gathers their results
+  cmd, env = _main(tmp_path)
+  cmd = [a.replace("configs/graph.py", "configs/graph_table3.py") for a in cmd]
+  cmd = [a for a in cmd if not a.startswith(("--config.mixture", "--config.train.steps", "--config.train.eval"))]
+  cmd += ["--config.mixture.source_samples=128", "--config.train.steps=10", "--config.train.eval_every=10",
+          "--points", "diff_vocab_m256,diff_grammar_m256", f"--point_workers={min(2, len(os.sched_getaffinity(0)))}"]
+  r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert r.stdout.count("started on core(s)") == 2 and r.stdout.count(": finished in") == 2
+  rows = json.load(open(tmp_path / "results.json"))
+  assert {row["experiment"] for row in rows} == {"graph_table3/diff_vocab_m256", "graph_table3/diff_grammar_m256"}
+  for point in ("diff_vocab_m256", "diff_grammar_m256"):
+    assert json.load(open(tmp_path / point / "config.json"))["train"]["steps"] == 10  # the overrides reached it
+    assert "task graph:" in (tmp_path / "logs" / f"{point}.log").read_text()  # the worker's own output

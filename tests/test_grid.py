@@ -1,4 +1,7 @@
+import ast
 import json
+import os
+import sys
 
 import pytest
 
@@ -101,3 +104,77 @@ def test_graph_table3_grid_points_are_valid_experiments():
     assert {cell.condition for cell in cells} == {"target_alone", "source_alone", "mixed"}
     assert dict(next(cell for cell in cells if cell.condition == "mixed").samples) == {
         p.mixture.source: 2048, p.mixture.target: p.mixture.target_samples}
+
+
+# A stand-in point worker: reports its cores and XLA_FLAGS, then writes the point's results
+# (or fails with exit status 3 for a point named "fail..."), without training anything.
+_FAKE_WORKER = """
+import json, os, sys
+from xlt import cpu_devices, results
+cpu_devices.configure()
+name, workdir = sys.argv[1], sys.argv[2]
+print("cores", sorted(os.sched_getaffinity(0)), "flags", os.environ["XLA_FLAGS"], flush=True)
+if name.startswith("fail"):
+  sys.exit(3)
+row = results.make_row(experiment="addition_table2/" + name, task="addition", language="standard", role="source",
+                       condition="mixed", metric="exact_match", samples=64, values=[1.0])
+results.write(os.path.join(workdir, name), [row])
+"""
+
+
+def _fake_grid(names):
+  c = _tiny(addition_table2.get_config())
+  c.grid = [{"name": n} for n in names]
+  return c
+
+
+def test_point_workers_run_each_point_pinned_and_gather(tmp_path, capsys):
+  cores = sorted(os.sched_getaffinity(0))
+  workers = min(2, len(cores))
+  c = _fake_grid(["a", "b", "c"])
+  started = []
+
+  def command(name):
+    started.append(name)
+    return [sys.executable, "-c", _FAKE_WORKER, name, str(tmp_path)]
+
+  rows = grid.run_in_workers(c, str(tmp_path), command, workers, progress=False, poll_s=0.05)
+  assert sorted(started) == ["a", "b", "c"]
+  assert [r["experiment"] for r in rows] == [f"addition_table2/{n}" for n in "abc"]  # the grid's order
+  assert json.load(open(tmp_path / "results.json")) == rows
+  used = set()
+  for n in "abc":
+    log = (tmp_path / "logs" / f"{n}.log").read_text()
+    got = ast.literal_eval(log.split("cores ")[1].split(" flags")[0])
+    assert len(got) == len(cores) // workers and set(got) <= set(cores)  # a core set of its own
+    flags = log.split(" flags ")[1].split()
+    # the parent's device count is not passed on: the worker makes one device per core of its own
+    assert [f for f in flags if "device_count" in f] == [f"--xla_force_host_platform_device_count={len(got)}"]
+    used.add(tuple(got))
+    assert (tmp_path / n / "config.json").exists()  # each point's config recorded before it ran
+  assert len(used) == workers
+  capsys.readouterr()
+  assert grid.run_in_workers(c, str(tmp_path), lambda n: 1 / 0, workers, progress=False) == rows  # all finished
+  assert "started" not in capsys.readouterr().out
+
+
+def test_a_failed_point_worker_stops_the_grid_and_keeps_the_others(tmp_path, capsys):
+  c = _fake_grid(["a", "fail_b", "c"])
+  command = lambda name: [sys.executable, "-c", _FAKE_WORKER, name, str(tmp_path)]
+  with pytest.raises(grid.PointFailed, match=r"fail_b \(exit 3, see .*fail_b.log\)"):
+    grid.run_in_workers(c, str(tmp_path), command, 1, progress=False, poll_s=0.05)
+  assert (tmp_path / "a" / "results.json").exists()
+  assert not (tmp_path / "c").joinpath("results.json").exists()  # nothing starts after a failure
+  assert not (tmp_path / "results.json").exists()
+  assert "cores" in capsys.readouterr().err  # the end of the failed worker's log is shown
+  with pytest.raises(ValueError, match="each worker needs a core of its own"):
+    grid.run_in_workers(c, str(tmp_path), command, len(os.sched_getaffinity(0)) + 1)
+
+
+def test_worker_cores_split_evenly():
+  assert grid.worker_cores(2, [3, 0, 1, 2]) == [[0, 1], [2, 3]]
+  assert grid.worker_cores(2, [0, 1, 2]) == [[0, 1], [2]]
+  assert grid.worker_cores(1, [5]) == [[5]]
+  for bad in (0, 3):
+    with pytest.raises(ValueError, match="point workers on 2 cores"):
+      grid.worker_cores(bad, [0, 1])

@@ -21,6 +21,10 @@ Results of a data-parallel step equal the single-device step's to float rounding
 and gradients are sums over halves of the batch, added in another order); to run as the
 figures measured on one device were run, set XLT_CPU_DEVICES=1.
 
+XLT_CPU_CORES (comma-separated core ids) first pins the process to those cores, so the count
+and XLA's thread pool follow them: a grid's point workers run so, each on its own cores
+(xlt.grid.run_in_workers; `worker_env` makes their environment).
+
 `configure()` must run before jax is imported (`python -m xlt.main` and the benchmarks call it
 first thing).
 """
@@ -30,15 +34,13 @@ from __future__ import annotations
 import os
 
 ENV = "XLT_CPU_DEVICES"
+CORES_ENV = "XLT_CPU_CORES"
 FLAG = "--xla_force_host_platform_device_count"
 MAX_DEFAULT = 8
 
 
 def usable_cores() -> int:
-  try:
-    return len(os.sched_getaffinity(0))
-  except AttributeError:  # not Linux
-    return os.cpu_count() or 1
+  return len(available_cores())
 
 
 def default_count(cores: int) -> int:
@@ -59,9 +61,42 @@ def count(environ=os.environ) -> int:
   return int(value)
 
 
+def parse_cores(value: str) -> set[int]:
+  """The core ids of an XLT_CPU_CORES value ("0,1"); an error names what is wrong."""
+  try:
+    cores = {int(v) for v in value.split(",")}
+  except ValueError:
+    raise ValueError(f"{CORES_ENV}={value!r}: expected comma-separated core ids, e.g. 0,1") from None
+  allowed = available_cores()
+  if not cores <= allowed:
+    raise ValueError(f"{CORES_ENV}={value!r}: cores {sorted(cores - allowed)} are not among this "
+                     f"process's {sorted(allowed)}")
+  return cores
+
+
+def available_cores() -> set[int]:
+  try:
+    return set(os.sched_getaffinity(0))
+  except AttributeError:  # not Linux
+    return set(range(os.cpu_count() or 1))
+
+
+def worker_env(cores, environ=os.environ) -> dict[str, str]:
+  """The environment of a child process pinned to `cores`: its own XLT_CPU_CORES, and XLA_FLAGS
+  without a device count (this process's, set by `configure` or by hand, counts its cores, not
+  the child's), so the child makes one device per core, or $XLT_CPU_DEVICES if that is set."""
+  flags = " ".join(f for f in environ.get("XLA_FLAGS", "").split() if not f.startswith(FLAG))
+  return {**environ, CORES_ENV: ",".join(str(c) for c in sorted(cores)), "XLA_FLAGS": flags}
+
+
 def configure(environ=os.environ) -> int | None:
-  """Adds FLAG=count() to XLA_FLAGS in `environ` (unless XLA_FLAGS already has FLAG) and returns
-  the count, or None when it left XLA_FLAGS alone. Call it before importing jax."""
+  """Pins the process to $XLT_CPU_CORES if set; adds FLAG=count() to XLA_FLAGS in `environ`
+  (unless XLA_FLAGS already has FLAG) and returns the count, or None when it left XLA_FLAGS
+  alone. Call it before importing jax."""
+  if environ.get(CORES_ENV, "").strip():
+    if not hasattr(os, "sched_setaffinity"):
+      raise ValueError(f"{CORES_ENV} pins a process to cores, which needs Linux")
+    os.sched_setaffinity(0, parse_cores(environ[CORES_ENV]))
   flags = environ.get("XLA_FLAGS", "")
   if FLAG in flags:
     return None
