@@ -8,11 +8,10 @@ where it stopped (and the point it was in resumes from its last checkpoint).
 Inside a point, all conditions and seeds train together as one ensemble.
 
 On a CPU, `run_in_workers` trains several points at once, each in its own process pinned to
-its own cores (`python -m xlt.main ... --point_workers=2`). One process on a 2-core CPU keeps
-the cores only partly busy with a small model's step (XLA's thread pool and the devices'
-rendezvous wait on each other), while two single-core processes each keep theirs busy: the
-graph model's step for 9 members took ~460 ms in two pinned processes (5 + 4 members) against
-~590 ms for the same 9 data-parallel in one process (2026-11-24, this project's 2-core AMD EPYC).
+its own cores (`python -m xlt.main ... --point_workers=2`). One process keeps a 2-core CPU only
+partly busy with a small model's step (XLA's thread pool and the devices' rendezvous wait on
+each other); two single-core processes each keep theirs busy. Two graph points (9 members, 400
+steps) took 504 s so against 674 s one after another (README, "Run an experiment").
 """
 
 from __future__ import annotations
