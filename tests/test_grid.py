@@ -1,7 +1,10 @@
 import ast
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -178,3 +181,26 @@ def test_worker_cores_split_evenly():
   for bad in (0, 3):
     with pytest.raises(ValueError, match="point workers on 2 cores"):
       grid.worker_cores(bad, [0, 1])
+
+
+def test_sigterm_to_the_grid_stops_its_workers(tmp_path):
+  # a scheduler's SIGTERM to the parent must not leave its point workers running
+  script = f"""
+import sys
+from xlt import grid
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_grid import _fake_grid
+c = _fake_grid(["a", "b"])
+sleeper = "import os, time; open(os.path.join({str(tmp_path)!r}, str(os.getpid())), 'w').close(); time.sleep(600)"
+grid.run_in_workers(c, {str(tmp_path)!r}, lambda n: [sys.executable, "-c", sleeper], 1, poll_s=0.05)
+"""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  parent = subprocess.Popen([sys.executable, "-c", script], cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  deadline = time.time() + 120
+  while time.time() < deadline and not [p for p in tmp_path.iterdir() if p.name.isdigit()]:
+    time.sleep(0.05)
+  worker = int(next(p.name for p in tmp_path.iterdir() if p.name.isdigit()))
+  parent.send_signal(signal.SIGTERM)
+  assert parent.wait(timeout=60) == 128 + signal.SIGTERM, parent.stderr.read()
+  with pytest.raises(ProcessLookupError):  # the worker was stopped and reaped
+    os.kill(worker, 0)

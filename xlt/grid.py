@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -107,7 +108,8 @@ def run_in_workers(c, workdir: str, command: Callable[[str], list[str]], workers
   Every point's config is checked against its workdir before any starts. If a worker fails,
   no further point starts, the running ones finish, and PointFailed names the failed points:
   the points that finished keep their results and a rerun resumes the rest. An interrupt
-  stops the workers, whose points resume from their checkpoints on a rerun."""
+  stops the workers, whose points resume from their checkpoints on a rerun; so does SIGTERM
+  (a scheduler's preemption), which would otherwise end this process and leave them running."""
   import jax  # only to tell the platform: the workers split CPU cores
   if jax.default_backend() != "cpu":
     raise ValueError(f"point workers split a CPU's cores; this host computes on {jax.default_backend()} "
@@ -126,6 +128,11 @@ def run_in_workers(c, workdir: str, command: Callable[[str], list[str]], workers
   logs = os.path.join(workdir, "logs")
   os.makedirs(logs, exist_ok=True)
   running, failed = {}, []
+
+  def stop(signum, frame):
+    raise SystemExit(128 + signum)  # runs the `finally` below
+
+  on_term = signal.signal(signal.SIGTERM, stop)
   try:
     while todo or running:
       while todo and slots and not failed:
@@ -152,6 +159,7 @@ def run_in_workers(c, workdir: str, command: Callable[[str], list[str]], workers
         else:
           print(f"=== grid point {name}: finished in {(time.time() - t0) / 60:.1f} min", flush=True)
   finally:
+    signal.signal(signal.SIGTERM, on_term)
     for proc in running:  # an interrupt (or a bug here): leave no worker behind
       proc.terminate()
     for proc in running:
