@@ -190,7 +190,9 @@ def test_point_workers_train_a_grid_from_the_command_line(tmp_path):
   cmd, env = _main(tmp_path)
   cmd = [a.replace("configs/graph.py", "configs/graph_table3.py") for a in cmd]
   cmd = [a for a in cmd if not a.startswith(("--config.mixture", "--config.train.steps", "--config.train.eval"))]
+  cmd = [a for a in cmd if not a.startswith("--config.graph.num_")]
   cmd += ["--config.mixture.source_samples=128", "--config.train.steps=10", "--config.train.eval_every=10",
+          "--config.conditions=('mixed',)", "--config.graph.num_test_pairs=16", "--config.graph.num_val_pairs=16",
           "--points", "diff_vocab_m256,diff_grammar_m256", f"--point_workers={min(2, len(os.sched_getaffinity(0)))}"]
   r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
   assert r.returncode == 0, r.stderr[-3000:]
