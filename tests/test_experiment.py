@@ -172,6 +172,11 @@ def test_points_flag_errors(tmp_path):
     r = subprocess.run([sys.executable, "-m", "xlt.main", f"--config={config}", f"--workdir={tmp_path}",
                         "--points=diff_vocab_m256,no_such_point"], env=env, cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and want in r.stderr, r.stderr
+  for config, workers, want in (("configs/graph.py", 2, "has no grid"),
+                                ("configs/graph_table3.py", 10_000, "each worker needs a core of its own")):
+    r = subprocess.run([sys.executable, "-m", "xlt.main", f"--config={config}", f"--workdir={tmp_path}",
+                        f"--point_workers={workers}"], env=env, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and want in r.stderr, r.stderr
   assert not any(tmp_path.iterdir())
 
 
