@@ -43,9 +43,9 @@ device on one core, beside Roman + Standard on the other; 2026-11-25, 78.5 min f
 its members stopped at 4125 (standard alone), 2500 (letter alone) and 4750 / 3000 / 2625
 (mixed), letter mixed per seed 98.9 / 99.8 / 100.0. At this recipe 512 3-digit Standard samples
 are learned alone (99.90%), so this point leaves mixing no gap to close; the reference's
-Standard alone is 22.98% (4096 9-digit samples), and at the recipe before b9b39ac (2000 steps)
-the same 512 gave 2.00%. The `:cpu` counts (the reference's / 8) put Standard below its
-threshold only for a shorter budget.
+Standard alone is 22.98% (4096 9-digit samples), and at the recipe before b9b39ac (2000 steps,
+weight decay 0.1, no dropout) the same 512 gave 2.00%: the `:cpu` counts (the reference's / 8)
+put Standard below its threshold only under that recipe.
 Standard + Hex (34 min wall, alone on the machine): hex mixed per seed 84.6 / 89.1 / 90.4, best
 validation at steps 3000 / 4000 / 1500, each member stopped by patience (the second exactly at
 the 5000-step budget, 1000 steps after its best); the reference's 0% -> 97.94%. Before b9b39ac
