@@ -12,9 +12,11 @@ to PyTorch can be split into its matmuls and the rest. Each product is timed alo
 
 import os
 import sys
-import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/, xlt/
+from benchmarks.compare import median_seconds  # noqa: E402  (imports neither jax nor torch)
 
 # [M, K] x [K, N]: the projections and MLP (2048 tokens, d 128, 4d 512), the logits (vocab 1024),
 # and their gradients' shapes
@@ -24,16 +26,6 @@ PLAIN = [(2048, 128, 1024), (2048, 1024, 128), (128, 2048, 1024), (2048, 128, 51
 BATCHED = [("bhqd,bhkd->bhqk", (16, 4, 128, 32), (16, 4, 128, 32)),
            ("bhqk,bhkd->bhqd", (16, 4, 128, 128), (16, 4, 128, 32)),
            ("bhqk,bhqd->bhkd", (16, 4, 128, 128), (16, 4, 128, 32))]
-
-
-def median_s(fn, calls=50):
-  fn()
-  times = []
-  for _ in range(calls):
-    t = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t)
-  return float(np.median(times))
 
 
 def flops(eq, a, b):
@@ -52,7 +44,6 @@ def main(lib):
     ones = torch.ones
   else:
     os.environ.setdefault("XLT_CPU_DEVICES", "1")
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from xlt import allocator, cpu_devices
     cpu_devices.configure()
     allocator.preload()
@@ -65,10 +56,10 @@ def main(lib):
     ones = lambda *s: jnp.ones(s)
   print(lib)
   for m, k, n in PLAIN:
-    dt = median_s(plain(ones(m, k), ones(k, n)))
+    dt = median_seconds(plain(ones(m, k), ones(k, n)), 1, 50)
     print(f"[{m}, {k}] x [{k}, {n}]: {dt * 1e3:.2f} ms, {2 * m * k * n / dt / 1e9:.0f} GFLOP/s")
   for eq, a, b in BATCHED:
-    dt = median_s(batched(eq, ones(*a), ones(*b)))
+    dt = median_seconds(batched(eq, ones(*a), ones(*b)), 1, 50)
     print(f"{eq} {list(a)} {list(b)}: {dt * 1e3:.2f} ms, {flops(eq, a, b) / dt / 1e9:.0f} GFLOP/s")
 
 

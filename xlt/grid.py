@@ -116,7 +116,7 @@ def run_in_workers(c, workdir: str, command: Callable[[str], list[str]], workers
                      "(run the points one after another, or on several machines with --points)")
   if jax.process_count() > 1:
     raise ValueError("point workers start their own processes; run them from one process")
-  slots = worker_cores(workers, sorted(cpu_devices.available_cores()))
+  slots = worker_cores(workers, cpu_devices.available_cores())
   points = select(list(c.grid), only)
   todo = []
   for point, sub in zip(points, [point_config(c, p) for p in points]):
