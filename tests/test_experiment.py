@@ -50,6 +50,33 @@ def test_graph_experiment_writes_results(graph_config, tmp_path, monkeypatch):
   assert experiment.run(graph_config, str(tmp_path), progress=False) == rows
 
 
+def test_member_shares_train_as_the_whole_ensemble_does(graph_config, tmp_path):
+  # the members split into shares, each trained alone (as --member_workers' processes do),
+  # then gathered: the same rows and predictions as one ensemble of every member
+  full = experiment.run(graph_config, str(tmp_path / "full"), progress=False)
+  split = tmp_path / "split"
+  assert [transfer.share_ids(6, i, 4) for i in range(4)] == [[0, 4], [1, 5], [2], [3]]
+  for bad in ((0, 7), (2, 2), (-1, 2)):
+    with pytest.raises(ValueError, match="splits into 1 .. 6 shares"):
+      experiment.run(graph_config, str(split), progress=False, share=bad[0], shares=bad[1])
+  assert experiment.run(graph_config, str(split), progress=False, share=1, shares=2) == []
+  with pytest.raises(FileNotFoundError, match="member share 0 of 2 has not finished"):
+    experiment.run(graph_config, str(split), progress=False, shares=2)
+  assert not (split / "results.json").exists()
+  experiment.run(graph_config, str(split), progress=False, share=0, shares=2)
+  rows = experiment.run(graph_config, str(split), progress=False, shares=2)
+  assert rows == full
+  assert json.load(open(split / "results.json")) == rows
+  def lines(path):
+    return sorted(open(path).read().splitlines())
+  assert lines(split / "predictions.jsonl") == lines(tmp_path / "full" / "predictions.jsonl")
+  assert json.load(open(split / "summary.json"))["member_shares"] == 2
+  assert sorted(p.name for p in split.iterdir() if p.name.startswith("members_")) == ["members_0of2", "members_1of2"]
+  # each share trained only its own members
+  assert [r["name"] for r in json.load(open(split / "members_1of2" / "members.json"))["members"]] == [
+      c.name for c in transfer.plan(graph_config)[1::2]]
+
+
 def test_best_params_keeps_each_members_best_and_survives_a_restart(tmp_path):
   path = str(tmp_path / "best.npz")
   like = {"w": np.zeros((3, 2))}
@@ -166,7 +193,8 @@ def test_sigkill_and_rerun_gives_the_uninterrupted_result(tmp_path):
 
 
 def test_points_flag_errors(tmp_path):
-  # --points outside a grid, or naming a point the grid lacks: one line, exit 2, nothing trained
+  # --points outside a grid, or naming a point the grid lacks, and workers that cannot split the
+  # run: one line, exit 2, nothing trained
   env = dict(os.environ, XLA_FLAGS="", PYTHONUNBUFFERED="1")
   for config, want in (("configs/graph.py", "has no grid"), ("configs/graph_table3.py", "not in the grid")):
     r = subprocess.run([sys.executable, "-m", "xlt.main", f"--config={config}", f"--workdir={tmp_path}",
@@ -176,6 +204,12 @@ def test_points_flag_errors(tmp_path):
                                 ("configs/graph_table3.py", 10_000, "each worker needs a core of its own")):
     r = subprocess.run([sys.executable, "-m", "xlt.main", f"--config={config}", f"--workdir={tmp_path}",
                         f"--point_workers={workers}"], env=env, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and want in r.stderr, r.stderr
+  for config, flag, want in (("configs/graph_table3.py", "--member_workers=2", "split with --point_workers"),
+                             ("configs/graph.py", "--member_workers=10", "9 members splits into 1 .. 9 shares"),
+                             ("configs/graph.py", "--member_share=1", "expected i/N")):
+    r = subprocess.run([sys.executable, "-m", "xlt.main", f"--config={config}", f"--workdir={tmp_path}", flag],
+                       env=env, cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and want in r.stderr, r.stderr
   assert not any(tmp_path.iterdir())
 
@@ -209,3 +243,24 @@ def test_point_workers_train_a_grid_from_the_command_line(tmp_path):
   for point in ("diff_vocab_m256", "diff_grammar_m256"):
     assert json.load(open(tmp_path / point / "config.json"))["train"]["steps"] == 10  # the overrides reached it
     assert "task graph:" in (tmp_path / "logs" / f"{point}.log").read_text()  # the worker's own output
+
+
+def test_member_workers_train_one_experiment_from_the_command_line(tmp_path):
+  # the experiment's members in two shares, each a `python -m xlt.main --member_share=i/2` of its
+  # own (the command's overrides passed on) pinned to its own core; the parent gathers them
+  if len(os.sched_getaffinity(0)) < 2:
+    pytest.skip("two member workers need two cores")
+  cmd, env = _main(tmp_path, "--member_workers=2")
+  r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert r.stdout.count("started on core(s)") == 2 and r.stdout.count(": finished in") == 2
+  cores = {line.split("core(s) ")[1].split("]")[0] for line in r.stdout.splitlines() if "started on" in line}
+  assert len(cores) == 2  # each share on a core of its own
+  rows = json.load(open(tmp_path / "results.json"))
+  assert {(row["condition"], row["role"]) for row in rows} == {("alone", "source"), ("alone", "target"),
+                                                              ("mixed", "source"), ("mixed", "target")}
+  for share in ("members_0of2", "members_1of2"):
+    assert json.load(open(tmp_path / share / "config.json"))["train"]["steps"] == 40  # the overrides reached it
+    assert "task graph:" in (tmp_path / "logs" / f"{share}.log").read_text()  # the worker's own output
+  r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)  # finished: nothing trains
+  assert r.returncode == 0 and "finished earlier" in r.stdout and "started on" not in r.stdout, r.stderr[-3000:]

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from configs import addition, addition_table2
-from xlt import grid, transfer
+from xlt import grid, transfer, workers
 from xlt.data import addition as addition_data
 
 
@@ -164,7 +164,7 @@ def test_point_workers_run_each_point_pinned_and_gather(tmp_path, capsys):
 def test_a_failed_point_worker_stops_the_grid_and_keeps_the_others(tmp_path, capsys):
   c = _fake_grid(["a", "fail_b", "c"])
   command = lambda name: [sys.executable, "-c", _FAKE_WORKER, name, str(tmp_path)]
-  with pytest.raises(grid.PointFailed, match=r"fail_b \(exit 3, see .*fail_b.log\)"):
+  with pytest.raises(workers.WorkerFailed, match=r"fail_b \(exit 3, see .*fail_b.log\)"):
     grid.run_in_workers(c, str(tmp_path), command, 1, progress=False, poll_s=0.05)
   assert (tmp_path / "a" / "results.json").exists()
   assert not (tmp_path / "c").joinpath("results.json").exists()  # nothing starts after a failure
@@ -175,16 +175,20 @@ def test_a_failed_point_worker_stops_the_grid_and_keeps_the_others(tmp_path, cap
 
 
 def test_worker_cores_split_evenly():
-  assert grid.worker_cores(2, [3, 0, 1, 2]) == [[0, 1], [2, 3]]
-  assert grid.worker_cores(2, [0, 1, 2]) == [[0, 1], [2]]
-  assert grid.worker_cores(1, [5]) == [[5]]
+  assert workers.worker_cores(2, [3, 0, 1, 2]) == [[0, 1], [2, 3]]
+  assert workers.worker_cores(2, [0, 1, 2]) == [[0, 1], [2]]
+  assert workers.worker_cores(1, [5]) == [[5]]
   for bad in (0, 3):
-    with pytest.raises(ValueError, match="point workers on 2 cores"):
-      grid.worker_cores(bad, [0, 1])
+    with pytest.raises(ValueError, match=r"point workers on 2 cores.*1 <= point_workers <= 2"):
+      workers.worker_cores(bad, [0, 1], "point workers")
 
 
-def test_sigterm_to_the_grid_stops_its_workers(tmp_path):
-  # a scheduler's SIGTERM to the parent must not leave its point workers running
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_the_grids_end_stops_its_workers(tmp_path, sig):
+  # a scheduler's SIGTERM to the parent must not leave its point workers running; nor may
+  # SIGKILL, which runs no handler (the kernel signals the workers: PR_SET_PDEATHSIG)
+  if sig == signal.SIGKILL and sys.platform != "linux":
+    pytest.skip("PR_SET_PDEATHSIG is Linux's")
   script = f"""
 import sys
 from xlt import grid
@@ -200,7 +204,18 @@ grid.run_in_workers(c, {str(tmp_path)!r}, lambda n: [sys.executable, "-c", sleep
   while time.time() < deadline and not [p for p in tmp_path.iterdir() if p.name.isdigit()]:
     time.sleep(0.05)
   worker = int(next(p.name for p in tmp_path.iterdir() if p.name.isdigit()))
-  parent.send_signal(signal.SIGTERM)
-  assert parent.wait(timeout=60) == 128 + signal.SIGTERM, parent.stderr.read()
-  with pytest.raises(ProcessLookupError):  # the worker was stopped and reaped
-    os.kill(worker, 0)
+  parent.send_signal(sig)
+  assert parent.wait(timeout=60) == (128 + sig if sig == signal.SIGTERM else -sig), parent.stderr.read()
+  deadline = time.time() + 30
+  while time.time() < deadline and _alive(worker):
+    time.sleep(0.05)
+  assert not _alive(worker)
+
+
+def _alive(pid: int) -> bool:
+  """Running: neither gone nor a zombie (an orphan's zombie waits for init to reap it)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except FileNotFoundError:
+    return False
