@@ -186,7 +186,7 @@ def test_worker_cores_split_evenly():
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_the_grids_end_stops_its_workers(tmp_path, sig):
   # a scheduler's SIGTERM to the parent must not leave its point workers running; nor may
-  # SIGKILL, which runs no handler (the kernel signals the workers: PR_SET_PDEATHSIG)
+  # SIGKILL, which runs no handler (the kernel signals the workers: workers.die_with_parent)
   if sig == signal.SIGKILL and sys.platform != "linux":
     pytest.skip("PR_SET_PDEATHSIG is Linux's")
   script = f"""
@@ -195,7 +195,8 @@ from xlt import grid
 sys.path.insert(0, {os.path.dirname(__file__)!r})
 from test_grid import _fake_grid
 c = _fake_grid(["a", "b"])
-sleeper = "import os, time; open(os.path.join({str(tmp_path)!r}, str(os.getpid())), 'w').close(); time.sleep(600)"
+sleeper = ("import os, time; from xlt import workers; workers.die_with_parent(); "  # as xlt.main does
+           "open(os.path.join({str(tmp_path)!r}, str(os.getpid())), 'w').close(); time.sleep(600)")
 grid.run_in_workers(c, {str(tmp_path)!r}, lambda n: [sys.executable, "-c", sleeper], 1, poll_s=0.05)
 """
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -22,8 +22,8 @@ and gradients are sums over halves of the batch, added in another order); to run
 figures measured on one device were run, set XLT_CPU_DEVICES=1.
 
 XLT_CPU_CORES (comma-separated core ids) first pins the process to those cores, so the count
-and XLA's thread pool follow them: a grid's point workers run so, each on its own cores
-(xlt.grid.run_in_workers; `worker_env` makes their environment).
+and XLA's thread pool follow them: a grid's point workers and an experiment's member workers
+run so, each on its own cores (xlt.workers.run_pinned; `worker_env` makes their environment).
 
 `configure()` must run before jax is imported (`python -m xlt.main` and the benchmarks call it
 first thing).

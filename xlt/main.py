@@ -29,7 +29,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from xlt import allocator, cpu_devices
+from xlt import allocator, cpu_devices, workers
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, metrics and results go")
@@ -85,7 +85,7 @@ def parse_share(value: str) -> tuple[int, int]:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint file at INFO
-  from xlt import checkpoint, distributed, experiment, grid, workers
+  from xlt import checkpoint, distributed, experiment, grid
 
   c = _CONFIG.value
   try:
@@ -134,6 +134,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  workers.die_with_parent()  # a grid's or an experiment's worker ends with its parent
   cpu_devices.configure()  # before jax is imported, and before a re-execution inherits the env
   allocator.preload()
   app.run(main)

@@ -20,13 +20,23 @@ from typing import Sequence
 from xlt import cpu_devices
 
 
-def _die_with_parent():  # runs in the child between fork and exec
-  # SIGKILL to the parent runs none of its handlers: the kernel then sends SIGTERM to the
-  # worker, so no orphan trains on beside the workers a rerun starts (Linux only)
+PARENT_ENV = "XLT_PARENT_PID"
+
+
+def die_with_parent(environ=os.environ):
+  """In a worker (its environment names the parent): asks the kernel for SIGTERM when the
+  parent dies (Linux), so a SIGKILLed parent, which runs no handler, leaves no orphan training
+  beside the workers a rerun starts. Call it first thing (`python -m xlt.main` does). The
+  worker calls it itself: a preexec_fn would run Python in a fork of jax's threaded process."""
+  parent = environ.get(PARENT_ENV, "").strip()
+  if not parent or sys.platform != "linux":
+    return
   try:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-  except OSError:
-    pass
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+  except (OSError, AttributeError):
+    return
+  if os.getppid() != int(parent):  # the parent died before the request
+    sys.exit(f"xlt: worker of process {parent}, which has ended")
 
 
 class WorkerFailed(RuntimeError):
@@ -83,8 +93,8 @@ def run_pinned(jobs: Sequence[tuple[str, list[str]]], log_dir: str, workers: int
         (name, argv), cores = todo.pop(0), slots.pop(0)
         log_path = os.path.join(log_dir, name.replace(os.sep, "_") + ".log")
         log = open(log_path, "ab")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=cpu_devices.worker_env(cores),
-                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        env = {**cpu_devices.worker_env(cores), PARENT_ENV: str(os.getpid())}
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         running[proc] = (name, cores, time.time(), log, log_path)
         print(f"=== {name}: started on core(s) {cores}, output in {log_path}", flush=True)
       if not running:
