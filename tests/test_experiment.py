@@ -251,6 +251,8 @@ def test_member_workers_train_one_experiment_from_the_command_line(tmp_path):
   if len(os.sched_getaffinity(0)) < 2:
     pytest.skip("two member workers need two cores")
   cmd, env = _main(tmp_path, "--member_workers=2")
+  cmd = [a for a in cmd if not a.startswith(("--config.train.steps", "--config.train.eval"))]
+  cmd += ["--config.train.steps=10", "--config.train.eval_every=10"]
   r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
   assert r.returncode == 0, r.stderr[-3000:]
   assert r.stdout.count("started on core(s)") == 2 and r.stdout.count(": finished in") == 2
@@ -260,7 +262,7 @@ def test_member_workers_train_one_experiment_from_the_command_line(tmp_path):
   assert {(row["condition"], row["role"]) for row in rows} == {("alone", "source"), ("alone", "target"),
                                                               ("mixed", "source"), ("mixed", "target")}
   for share in ("members_0of2", "members_1of2"):
-    assert json.load(open(tmp_path / share / "config.json"))["train"]["steps"] == 40  # the overrides reached it
+    assert json.load(open(tmp_path / share / "config.json"))["train"]["steps"] == 10  # the overrides reached it
     assert "task graph:" in (tmp_path / "logs" / f"{share}.log").read_text()  # the worker's own output
   r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)  # finished: nothing trains
   assert r.returncode == 0 and "finished earlier" in r.stdout and "started on" not in r.stdout, r.stderr[-3000:]
