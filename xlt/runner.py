@@ -135,6 +135,15 @@ def claim_workdir(c, workdir: str):
                      f"{path})")
 
 
+def open_workdir(c, workdir: str) -> tuple[str, list[dict] | None]:
+  """The workdir as an absolute path, created and claimed for `c` (`claim_workdir`), and the
+  rows of the experiment it finished earlier, or None."""
+  workdir = os.path.abspath(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  claim_workdir(c, workdir)
+  return workdir, finished_rows(workdir)
+
+
 def finished_rows(workdir: str) -> list[dict] | None:
   """The results rows of a workdir whose experiment finished (it holds results.json; says so
   on stdout), or None."""

@@ -182,10 +182,8 @@ def _member(stacked, i):
 def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None) -> list[dict]:
   """Runs the testbed `c` describes in `workdir`; returns its results rows (empty if
   stopped early by `stop_after`, which applies to each training stage)."""
-  workdir = os.path.abspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
-  runner.claim_workdir(c, workdir)
-  if (rows := runner.finished_rows(workdir)) is not None:
+  workdir, rows = runner.open_workdir(c, workdir)
+  if rows is not None:
     return rows
   t0 = time.time()
   seeds = runner.condition_seeds(c, "all")

@@ -119,10 +119,7 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   `share`, it gathers the finished shares into the experiment's results. A member's data,
   initialisation and dropout depend on its seed alone, so it trains as it would beside all
   the others (up to float rounding: one device instead of several)."""
-  workdir = os.path.abspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
-  runner.claim_workdir(c, workdir)
-  rows = runner.finished_rows(workdir)
+  workdir, rows = runner.open_workdir(c, workdir)
   if rows is not None:
     return rows
   t0 = time.time()
@@ -160,10 +157,7 @@ def run_in_workers(c, workdir: str, command: Callable[[int], list[str]], workers
   workers_lib.check_host("member workers")
   share_ids(len(plan(c)), 0, workers)  # more workers than members or cores: an error before any write
   workers_lib.worker_cores(workers, cpu_devices.available_cores(), "member workers")
-  workdir = os.path.abspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
-  runner.claim_workdir(c, workdir)
-  rows = runner.finished_rows(workdir)
+  workdir, rows = runner.open_workdir(c, workdir)
   if rows is not None:
     return rows
   todo = [(f"members_{i}of{workers}", command(i)) for i in range(workers)
@@ -247,9 +241,11 @@ def _write_results(c, workdir: str, task, vocab_size: int, cells: list[Cell], do
   results_lib.plot_curves(os.path.join(workdir, "curves.png"), {r["name"]: r["history"] for r in records},
                           f"held-out {metric}")
   table = results_lib.table(rows, metric, c.name, sweep=bool(c.get("sweep")))
-  summary = {"task_info": task.info, "vocab_size": vocab_size, "seq_len": task.seq_len, "params_per_model": done["params_per_model"],
-             "members": len(cells), "steps": done["steps"], "train_tokens_per_s": done["tokens_per_s"],
-             "wall_s": done["wall_s"], **({"member_shares": done["member_shares"]} if "member_shares" in done else {})}
+  summary = {"task_info": task.info, "vocab_size": vocab_size, "seq_len": task.seq_len,
+             "params_per_model": done["params_per_model"], "members": len(cells), "steps": done["steps"],
+             "train_tokens_per_s": done["tokens_per_s"], "wall_s": done["wall_s"]}
+  if "member_shares" in done:
+    summary["member_shares"] = done["member_shares"]
   runner.write_outputs(workdir, rows, table, summary)
   print(table)
   print(json.dumps(summary))
