@@ -37,7 +37,8 @@ points' checkpoints):
   Standard + Roman   1024/256    98.70% / 99.13 ± 0.96    0.60% / 0.53 ± 0.38
   Standard + Hex     1024/512   100.00% / 98.17 ± 1.15    0.00% / 88.03 ± 3.04
   Letter + Standard  1024/512    98.90% / 99.57 ± 0.59   99.90% / 99.43 ± 0.49
-  Roman + Standard, Hex + Standard: not finished yet.
+  Hex + Standard     3200/512    97.80% / 88.70 ± 4.07   17.50% / 88.40 ± 4.29
+  Roman + Standard: not finished yet (the same command continues it).
 Letter + Standard was resumed from its step-500 checkpoint with `--point_workers=2` (one CPU
 device on one core, beside Roman + Standard on the other; 2026-11-25, 78.5 min from the resume):
 its members stopped at 4125 (standard alone), 2500 (letter alone) and 4750 / 3000 / 2625
@@ -46,6 +47,15 @@ are learned alone (99.90%), so this point leaves mixing no gap to close; the ref
 Standard alone is 22.98% (4096 9-digit samples), and at the recipe before b9b39ac (2000 steps,
 weight decay 0.1, no dropout) the same 512 gave 2.00%: the `:cpu` counts (the reference's / 8)
 put Standard below its threshold only under that recipe.
+Hex + Standard (resumed from its step-500 checkpoint on one core beside Roman + Standard,
+2026-11-25, 118 min from the resume, paused for about 40 min of it for measurements): standard
+mixed per seed 89.4 / 83.7 / 92.1 (best validation at steps 3125 / 2375 / 3125, stopped by
+patience at 4125 / 3375 / 4125), hex alone stopped at 3500; the reference's 22.98% -> 96.09%.
+Standard alone (one seed) was still improving when the 5000-step budget ended (its best step
+the last, validation 19.5%), while in Letter + Standard the same 512 samples, seed and
+recipe reached 99.90% by step 4125: the models differ only in their vocabularies (hex digits
+or letters: another embedding table) and rounding, so 512 3-digit Standard samples sit at the
+threshold of being learned alone at this recipe, and one alone seed cannot say on which side.
 Standard + Hex (34 min wall, alone on the machine): hex mixed per seed 84.6 / 89.1 / 90.4, best
 validation at steps 3000 / 4000 / 1500, each member stopped by patience (the second exactly at
 the 5000-step budget, 1000 steps after its best); the reference's 0% -> 97.94%. Before b9b39ac
