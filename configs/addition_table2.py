@@ -48,7 +48,7 @@ Standard alone is 22.98% (4096 9-digit samples), and at the recipe before b9b39a
 weight decay 0.1, no dropout) the same 512 gave 2.00%: the `:cpu` counts (the reference's / 8)
 put Standard below its threshold only under that recipe.
 Hex + Standard (resumed from its step-500 checkpoint on one core beside Roman + Standard,
-2026-11-25, 118 min from the resume, paused for about 40 min of it for measurements): standard
+2026-11-25, 118 min from the resume, paused for about 45 min of it for measurements and tests): standard
 mixed per seed 89.4 / 83.7 / 92.1 (best validation at steps 3125 / 2375 / 3125, stopped by
 patience at 4125 / 3375 / 4125), hex alone stopped at 3500; the reference's 22.98% -> 96.09%.
 Standard alone (one seed) was still improving when the 5000-step budget ended (its best step
