@@ -20,7 +20,7 @@ import copy
 import os
 from typing import Callable
 
-from xlt import cpu_devices, experiment, runner
+from xlt import experiment, runner
 from xlt import results as results_lib
 from xlt import workers as workers_lib
 
@@ -87,8 +87,7 @@ def run_in_workers(c, workdir: str, command: Callable[[str], list[str]], workers
   no further point starts, the running ones finish, and workers.WorkerFailed names the failed
   points: the points that finished keep their results and a rerun resumes the rest (an
   interrupt or SIGTERM stops the workers; their points resume from their checkpoints)."""
-  workers_lib.check_host("point workers")
-  workers_lib.worker_cores(workers, cpu_devices.available_cores(), "point workers")  # before any claim
+  workers_lib.check_host("point workers", workers)  # before any claim
   points = select(list(c.grid), only)
   todo = []
   for point, sub in zip(points, [point_config(c, p) for p in points]):

@@ -22,11 +22,11 @@ from typing import Callable
 import jax
 import numpy as np
 
-from xlt import cpu_devices
 from xlt import loop as loop_lib
 from xlt import model as model_lib
 from xlt import results as results_lib
 from xlt import runner
+from xlt import workers as workers_lib
 from xlt.data import common
 
 TASKS = {"graph": "xlt.data.graph", "addition": "xlt.data.addition"}
@@ -124,9 +124,13 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
     return rows
   t0 = time.time()
   cells = plan(c)
+  if share is None and shares > 1:  # the shares built the task and trained: gathering needs neither
+    return _write_results(c, workdir, cells, _gather_shares(workdir, cells, shares))
   task = get_task(c, cells)  # every share builds the whole task: the same data in each
   cfg = model_config(c, task)
   print(f"task {c.task}: {task.info}; vocab {cfg.vocab_size}, seq_len {task.seq_len}", flush=True)
+  facts = {"task_info": task.info, "vocab_size": cfg.vocab_size, "seq_len": task.seq_len,
+           "metric": next(iter(task.test.values())).metric}
   if share is not None:
     ids = share_ids(len(cells), share, shares)
     sub = share_workdir(workdir, share, shares)
@@ -134,17 +138,14 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
     runner.claim_workdir(c, sub)
     done = _train_cells(c, cfg, task, [cells[i] for i in ids], sub, progress, stop_after)
     if done is not None:
-      done["wall_s"] = time.time() - t0
+      done.update(facts, wall_s=time.time() - t0)
       results_lib.atomic_write(os.path.join(sub, "members.json"), json.dumps(done, indent=1, default=float))
     return []
-  if shares > 1:
-    done = _gather_shares(workdir, cells, shares)
-  else:
-    done = _train_cells(c, cfg, task, cells, workdir, progress, stop_after)
-    if done is None:
-      return []
-    done["wall_s"] = time.time() - t0
-  return _write_results(c, workdir, task, cfg.vocab_size, cells, done)
+  done = _train_cells(c, cfg, task, cells, workdir, progress, stop_after)
+  if done is None:
+    return []
+  done.update(facts, wall_s=time.time() - t0)
+  return _write_results(c, workdir, cells, done)
 
 
 def run_in_workers(c, workdir: str, command: Callable[[int], list[str]], workers: int,
@@ -153,10 +154,8 @@ def run_in_workers(c, workdir: str, command: Callable[[int], list[str]], workers
   `command(share)` pinned to cores of its own (xlt.workers.run_pinned, logs in
   <workdir>/logs/), then gathers their results (`run` with `shares`). A rerun resumes the
   unfinished shares from their checkpoints and skips the finished ones."""
-  from xlt import workers as workers_lib
-  workers_lib.check_host("member workers")
   share_ids(len(plan(c)), 0, workers)  # more workers than members or cores: an error before any write
-  workers_lib.worker_cores(workers, cpu_devices.available_cores(), "member workers")
+  workers_lib.check_host("member workers", workers)
   workdir, rows = runner.open_workdir(c, workdir)
   if rows is not None:
     return rows
@@ -213,14 +212,17 @@ def _gather_shares(workdir: str, cells: list[Cell], shares: int) -> dict:
   if sorted(by_name) != sorted(cell.name for cell in cells):
     raise ValueError(f"the member shares in {workdir} hold {sorted(by_name)}, not this experiment's members")
   results_lib.atomic_write(os.path.join(workdir, "predictions.jsonl"), "".join(predictions))
-  return {"members": [by_name[cell.name] for cell in cells], "steps": max(d["steps"] for d in done),
+  return {**{k: done[0][k] for k in ("task_info", "vocab_size", "seq_len", "metric", "params_per_model")},
+          "members": [by_name[cell.name] for cell in cells], "steps": max(d["steps"] for d in done),
           # the shares trained at the same time: together they trained this many tokens/s
           "tokens_per_s": sum(d["tokens_per_s"] for d in done),
-          "params_per_model": done[0]["params_per_model"], "wall_s": max(d["wall_s"] for d in done),
+          "wall_s": max(d["wall_s"] for d in done),
           "member_shares": shares}
 
 
-def _write_results(c, workdir: str, task, vocab_size: int, cells: list[Cell], done: dict) -> list[dict]:
+def _write_results(c, workdir: str, cells: list[Cell], done: dict) -> list[dict]:
+  """Results rows, curves, table and summary from `done`: the members' records (in the cells'
+  order) and the task's facts (`run`)."""
   records = done["members"]
   rows = []
   groups: dict[tuple, list[int]] = {}
@@ -237,11 +239,11 @@ def _write_results(c, workdir: str, task, vocab_size: int, cells: list[Cell], do
             best_steps=[records[i]["best_step"] for i in idx],
             best_val=[records[i]["best_val"] for i in idx],
             steps=[records[i]["stopped_at"] for i in idx]))
-  metric = next(iter(task.test.values())).metric
+  metric = done["metric"]
   results_lib.plot_curves(os.path.join(workdir, "curves.png"), {r["name"]: r["history"] for r in records},
                           f"held-out {metric}")
   table = results_lib.table(rows, metric, c.name, sweep=bool(c.get("sweep")))
-  summary = {"task_info": task.info, "vocab_size": vocab_size, "seq_len": task.seq_len,
+  summary = {"task_info": done["task_info"], "vocab_size": done["vocab_size"], "seq_len": done["seq_len"],
              "params_per_model": done["params_per_model"], "members": len(cells), "steps": done["steps"],
              "train_tokens_per_s": done["tokens_per_s"], "wall_s": done["wall_s"]}
   if "member_shares" in done:

@@ -43,14 +43,16 @@ class WorkerFailed(RuntimeError):
   """A worker process ended with an error (its log says why)."""
 
 
-def check_host(what: str):
-  """Workers split a CPU's cores from one process: anything else is an error naming `what`."""
+def check_host(what: str, workers: int):
+  """`workers` workers split a CPU's cores, a core or more each, from one process: anything
+  else is an error naming `what` (before the caller writes anything)."""
   import jax  # only to tell the platform
   if jax.default_backend() != "cpu":
     raise ValueError(f"{what} split a CPU's cores; this host computes on {jax.default_backend()} "
                      "(run without them)")
   if jax.process_count() > 1:
     raise ValueError(f"{what} start their own processes; run them from one process")
+  worker_cores(workers, cpu_devices.available_cores(), what)
 
 
 def worker_cores(workers: int, cores: Sequence[int], what: str = "workers") -> list[list[int]]:
