@@ -5,7 +5,9 @@
   taskset -c 0 python benchmarks/matmul.py jax      # either on one core
 
 Prints GFLOP/s for the text proxy's (benchmarks/compare.py) 2-D products (projections, logits,
-their gradients) and the attention's batched products [batch, heads, 128, 32], so a step's gap
+their gradients), the attention's batched products [batch, heads, 128, 32], and the dense
+layers' weight gradients (as autodiff writes them, and for jax also as
+xlt.model.dense_dot_general computes them), so a step's gap
 to PyTorch can be split into its matmuls and the rest. Each product is timed alone (median of
 50 calls after one that compiles). Which library runs which product: the first line says.
 """
@@ -22,6 +24,8 @@ from benchmarks.compare import median_seconds  # noqa: E402  (imports neither ja
 # and their gradients' shapes
 PLAIN = [(2048, 128, 1024), (2048, 1024, 128), (128, 2048, 1024), (2048, 128, 512), (2048, 512, 128),
          (128, 2048, 512)]
+# the dense layers' weight gradients: [tokens, in] and [tokens, out] (lm_head, MLP fc, MLP proj)
+WEIGHT_GRAD = [(2048, 128, 1024), (2048, 128, 512), (2048, 512, 128)]
 # the attention's products in the forward and backward passes (batch 16, 4 heads, 128 tokens, 32 per head)
 BATCHED = [("bhqd,bhkd->bhqk", (16, 4, 128, 32), (16, 4, 128, 32)),
            ("bhqk,bhkd->bhqd", (16, 4, 128, 128), (16, 4, 128, 32)),
@@ -42,6 +46,8 @@ def main(lib):
     plain = lambda a, b: (lambda: a @ b)
     batched = lambda eq, a, b: (lambda: torch.einsum(eq, a, b))
     ones = torch.ones
+    weight_grad = lambda x, dy: (lambda: x.T @ dy)
+    xlt_weight_grad = None
   else:
     os.environ.setdefault("XLT_CPU_DEVICES", "1")
     from xlt import allocator, cpu_devices
@@ -54,6 +60,14 @@ def main(lib):
     plain = lambda a, b: (lambda: mm(a, b).block_until_ready())
     batched = lambda eq, a, b: (lambda f=jax.jit(lambda x, y: jnp.einsum(eq, x, y)): f(a, b).block_until_ready())
     ones = lambda *s: jnp.ones(s)
+    from xlt import model
+
+    tn = jax.jit(lambda x, dy: x.T @ dy)
+    weight_grad = lambda x, dy: (lambda: tn(x, dy).block_until_ready())
+    # the kernel's gradient of a dense layer with input x, taken with cotangent dy
+    vjp = jax.jit(lambda x, dy: jax.vjp(lambda w: model.dense_dot_general(x, w, (((1,), (0,)), ((), ()))),
+                                        jnp.zeros((x.shape[1], dy.shape[1])))[1](dy)[0])
+    xlt_weight_grad = lambda x, dy: (lambda: vjp(x, dy).block_until_ready())
   print(lib)
   for m, k, n in PLAIN:
     dt = median_seconds(plain(ones(m, k), ones(k, n)), 1, 50)
@@ -61,6 +75,16 @@ def main(lib):
   for eq, a, b in BATCHED:
     dt = median_seconds(batched(eq, ones(*a), ones(*b)), 1, 50)
     print(f"{eq} {list(a)} {list(b)}: {dt * 1e3:.2f} ms, {flops(eq, a, b) / dt / 1e9:.0f} GFLOP/s")
+  # a dense layer's weight gradient x^T dy (x [tokens, in], dy [tokens, out]), contracting the
+  # tokens: as autodiff writes it, and (jax) as xlt.model.dense_dot_general's backward pass does
+  for m, k, n in WEIGHT_GRAD:
+    x, dy = ones(m, k), ones(m, n)
+    ways = {"x^T dy": weight_grad(x, dy)}
+    if xlt_weight_grad is not None:
+      ways["x^T dy, xlt's backward"] = xlt_weight_grad(x, dy)
+    for name, fn in ways.items():
+      dt = median_seconds(fn, 1, 50)
+      print(f"weight gradient {name} [{m}, {k}] [{m}, {n}]: {dt * 1e3:.2f} ms, {2 * m * k * n / dt / 1e9:.0f} GFLOP/s")
 
 
 if __name__ == "__main__":

@@ -42,8 +42,11 @@ class Config:
   ln_eps: float = 1e-5
   pos_embedding: str = "learned"
   rope_base: float = 10000.0
+  dropout: float = 0.0
 
   def __post_init__(self):
+    if self.dropout:  # the benchmarks time xlt's steps without dropout, and this model has none
+      raise ValueError(f"torch_gpt has no dropout (got {self.dropout})")
     # bfloat16 as in xlt: float32 weights, the caller computes under torch.autocast
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"torch_gpt runs float32 or bfloat16 (autocast), got dtype={self.dtype!r}")
