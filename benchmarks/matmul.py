@@ -7,7 +7,7 @@
 Prints GFLOP/s for the text proxy's (benchmarks/compare.py) 2-D products (projections, logits,
 their gradients), the attention's batched products [batch, heads, 128, 32], and the dense
 layers' weight gradients (as autodiff writes them, and for jax also as
-xlt.model.dense_dot_general computes them), so a step's gap
+xlt.matmul.dense computes them), so a step's gap
 to PyTorch can be split into its matmuls and the rest. Each product is timed alone (median of
 50 calls after one that compiles). Which library runs which product: the first line says.
 """
@@ -60,12 +60,12 @@ def main(lib):
     plain = lambda a, b: (lambda: mm(a, b).block_until_ready())
     batched = lambda eq, a, b: (lambda f=jax.jit(lambda x, y: jnp.einsum(eq, x, y)): f(a, b).block_until_ready())
     ones = lambda *s: jnp.ones(s)
-    from xlt import model
+    from xlt import matmul
 
     tn = jax.jit(lambda x, dy: x.T @ dy)
     weight_grad = lambda x, dy: (lambda: tn(x, dy).block_until_ready())
     # the kernel's gradient of a dense layer with input x, taken with cotangent dy
-    vjp = jax.jit(lambda x, dy: jax.vjp(lambda w: model.dense_dot_general(x, w, (((1,), (0,)), ((), ()))),
+    vjp = jax.jit(lambda x, dy: jax.vjp(lambda w: matmul.dense(x, w, (((1,), (0,)), ((), ()))),
                                         jnp.zeros((x.shape[1], dy.shape[1])))[1](dy)[0])
     xlt_weight_grad = lambda x, dy: (lambda: vjp(x, dy).block_until_ready())
   print(lib)
@@ -76,7 +76,7 @@ def main(lib):
     dt = median_seconds(batched(eq, ones(*a), ones(*b)), 1, 50)
     print(f"{eq} {list(a)} {list(b)}: {dt * 1e3:.2f} ms, {flops(eq, a, b) / dt / 1e9:.0f} GFLOP/s")
   # a dense layer's weight gradient x^T dy (x [tokens, in], dy [tokens, out]), contracting the
-  # tokens: as autodiff writes it, and (jax) as xlt.model.dense_dot_general's backward pass does
+  # tokens: as autodiff writes it, and (jax) as xlt.matmul.dense's backward pass does
   for m, k, n in WEIGHT_GRAD:
     x, dy = ones(m, k), ones(m, n)
     ways = {"x^T dy": weight_grad(x, dy)}

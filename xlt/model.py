@@ -18,13 +18,12 @@ width, H heads, K head width, V vocabulary, F MLP width.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from xlt import matmul
 from xlt.merge import naming
 
 
@@ -133,71 +132,14 @@ def causal_attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p
   reduce_max to differentiate. On XLA:CPU every pass over the [B, H, T, S] scores costs
   about as much as a matmul; this order makes three fewer of them per layer and step."""
   dt = q_BxHxTxK.dtype
-  att_BxHxTxS = jnp.einsum("bhtk,bhsk->bhts", q_BxHxTxK, k_BxHxSxK).astype(jnp.float32)
+  att_BxHxTxS = matmul.attention_scores(q_BxHxTxK, k_BxHxSxK).astype(jnp.float32)
   att_BxHxTxS = jnp.where(mask_TxS, att_BxHxTxS, -1e30)
   max_BxHxTx1 = jax.lax.stop_gradient(att_BxHxTxS.max(-1, keepdims=True))
   p_BxHxTxS = jnp.exp(att_BxHxTxS - max_BxHxTx1)  # masked entries: exp(-1e30) = 0
   sum_BxTxHx1 = p_BxHxTxS.sum(-1).transpose(0, 2, 1)[..., None]  # >= 1: the diagonal is unmasked
   # `drop` (dropout of the attention weights) after the sum: the normalised weights are dropped
-  out_BxTxHxK = jnp.einsum("bhts,bhsk->bthk", drop(p_BxHxTxS).astype(dt), v_BxHxSxK)
+  out_BxTxHxK = matmul.attention_values(drop(p_BxHxTxS).astype(dt), v_BxHxSxK)
   return (out_BxTxHxK.astype(jnp.float32) / sum_BxTxHx1).astype(dt)
-
-
-def dense_dot_general(x, w, dimension_numbers, precision=None, preferred_element_type=None):
-  """`lax.dot_general` for a dense layer (x's last n axes against w's first n), whose weight
-  gradient runs as a plain matmul on XLA:CPU.
-
-  Autodiff writes a dense layer's weight gradient as x^T dy contracting the tokens, i.e. over
-  x's first axis. XLA:CPU runs a product contracting its left operand's first axis outside
-  its fast (YNNPACK) kernels, at about half their speed, and in the step the right operand also
-  became a transposed copy: the text proxy's lm_head gradient ran at ~21 GFLOP/s where a plain
-  product of its shape runs at ~70 (`python benchmarks/matmul.py jax`, its "weight gradient"
-  lines). Here the backward pass makes the smaller of x and dy a transposed copy (`_weight_grad`)
-  behind optimization barriers, so XLA cannot fold the transpose back into the product, and the
-  product is a plain one. Forward pass and input gradient are the plain products as before. Other
-  platforms (and other dimension numbers) get `lax.dot_general` unchanged: their matmul libraries
-  take transposed operands at full speed.
-  """
-  (lhs_c, rhs_c), (lhs_b, rhs_b) = dimension_numbers
-  n = len(lhs_c)
-  dense = (not lhs_b and not rhs_b and tuple(lhs_c) == tuple(range(x.ndim - n, x.ndim))
-           and tuple(rhs_c) == tuple(range(n)))
-  if not dense or preferred_element_type is not None or jax.default_backend() != "cpu":
-    return jax.lax.dot_general(x, w, dimension_numbers, precision=precision,
-                               preferred_element_type=preferred_element_type)
-  return _dense_dot(x, w, n, precision)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _dense_dot(x, w, n, precision):
-  dims = ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ()))
-  return jax.lax.dot_general(x, w, dims, precision=precision)
-
-
-def _dense_dot_fwd(x, w, n, precision):
-  return _dense_dot(x, w, n, precision), (x, w)
-
-
-def _dense_dot_bwd(n, precision, residuals, dy):
-  x, w = residuals
-  k = math.prod(w.shape[:n])
-  x_MxK, w_KxN = x.reshape(-1, k), w.reshape(k, -1)
-  dy_MxN = dy.reshape(x_MxK.shape[0], w_KxN.shape[1])
-  dx = jnp.dot(dy_MxN, w_KxN.T, precision=precision).reshape(x.shape)
-  return dx.astype(x.dtype), _weight_grad(x_MxK, dy_MxN, precision).reshape(w.shape).astype(w.dtype)
-
-
-def _weight_grad(x_MxK, dy_MxN, precision):
-  """x^T dy with the smaller of the two operands transposed into a copy: materialised first
-  (else XLA recomputes its producer, e.g. the GELU, inside a slow transposing loop) and behind
-  barriers, so XLA cannot fold the transposes back into the product."""
-  barrier = jax.lax.optimization_barrier
-  if x_MxK.shape[1] <= dy_MxN.shape[1]:
-    return jnp.dot(barrier(barrier(x_MxK).T), dy_MxN, precision=precision)
-  return barrier(jnp.dot(barrier(barrier(dy_MxN).T), x_MxK, precision=precision)).T
-
-
-_dense_dot.defvjp(_dense_dot_fwd, _dense_dot_bwd)
 
 
 class Attention(nn.Module):
@@ -208,7 +150,8 @@ class Attention(nn.Module):
     c, dt = self.cfg, jnp.dtype(self.cfg.dtype)
     h, k = c.num_heads, c.d_model // c.num_heads
     qkv_BxTx3xHxK = nn.DenseGeneral(
-        (3, h, k), name="qkv", dtype=dt, dot_general=dense_dot_general, kernel_init=_init(("embed", "qkv", "heads", "kv")),
+        (3, h, k), name="qkv", dtype=dt, dot_general=matmul.dense,
+        kernel_init=_init(("embed", "qkv", "heads", "kv")),
         bias_init=_zeros(("qkv", "heads", "kv")))(x_BxTxD)
     # split, not indexing: the gradient of a split is one concatenate, where three index ops
     # became three zero-padded copies of the [B, T, 3, H, K] tensor added up (XLA:CPU: ~10%
@@ -234,7 +177,7 @@ class Attention(nn.Module):
     out_BxTxHxK = causal_attention(q_BxHxTxK * (k ** -0.5), k_BxHxSxK.astype(dt), v_BxHxSxK.astype(dt), causal_TxS,
                                    lambda p: _dropout(self, c, p))
     out_BxTxD = nn.DenseGeneral(
-        c.d_model, axis=(-2, -1), name="proj", dtype=dt, dot_general=dense_dot_general,
+        c.d_model, axis=(-2, -1), name="proj", dtype=dt, dot_general=matmul.dense,
         # GPT-2: residual projections start smaller so the residual stream stays O(1).
         kernel_init=_init(("heads", "kv", "embed"), 0.02 / (2 * c.num_layers) ** 0.5),
         bias_init=_zeros(("embed",)))(out_BxTxHxK)
@@ -268,10 +211,10 @@ class Mlp(nn.Module):
   def __call__(self, x_BxTxD):
     c, dt = self.cfg, jnp.dtype(self.cfg.dtype)
     f = c.mlp_ratio * c.d_model
-    x_BxTxF = nn.Dense(f, name="fc", dtype=dt, dot_general=dense_dot_general, kernel_init=_init(("embed", "mlp")),
+    x_BxTxF = nn.Dense(f, name="fc", dtype=dt, dot_general=matmul.dense, kernel_init=_init(("embed", "mlp")),
                        bias_init=_zeros(("mlp",)))(x_BxTxD)
     x_BxTxF = gelu(x_BxTxF)
-    x_BxTxD = nn.Dense(c.d_model, name="proj", dtype=dt, dot_general=dense_dot_general,
+    x_BxTxD = nn.Dense(c.d_model, name="proj", dtype=dt, dot_general=matmul.dense,
                        kernel_init=_init(("mlp", "embed"), 0.02 / (2 * c.num_layers) ** 0.5),
                        bias_init=_zeros(("embed",)))(x_BxTxF)
     return _dropout(self, c, x_BxTxD)
@@ -316,9 +259,9 @@ class GPT(nn.Module):
     if c.tie_embeddings:
       # wte.attend, as a dense layer over wte^T (its weight gradient the fast way round)
       x_BxTxD, emb_VxD = nn.dtypes.promote_dtype(x_BxTxD, wte.embedding)
-      logits_BxTxV = dense_dot_general(x_BxTxD, emb_VxD.T, (((x_BxTxD.ndim - 1,), (0,)), ((), ())))
+      logits_BxTxV = matmul.dense(x_BxTxD, emb_VxD.T, (((x_BxTxD.ndim - 1,), (0,)), ((), ())))
     else:
-      logits_BxTxV = nn.Dense(c.vocab_size, use_bias=False, name="lm_head", dtype=dt, dot_general=dense_dot_general,
+      logits_BxTxV = nn.Dense(c.vocab_size, use_bias=False, name="lm_head", dtype=dt, dot_general=matmul.dense,
                               kernel_init=_init(("embed", "vocab")))(x_BxTxD)
     return logits_BxTxV.astype(jnp.float32), (None if cache is None else tuple(new_cache))
 

@@ -1,0 +1,116 @@
+"""The model's products, with backward passes that XLA:CPU runs in its fast kernels.
+
+XLA:CPU runs a product that contracts any axis of its left operand but the last outside its
+fast (YNNPACK) kernels, at about half their speed. Autodiff writes exactly such products for
+a dense layer's weight gradient (x^T dy, contracting the tokens) and for the attention's key
+and value gradients (contracting the query positions). `python benchmarks/matmul.py jax`, its
+"weight gradient" lines: the text proxy's lm_head gradient at ~43 GFLOP/s as autodiff writes
+it, ~75 as `dense` computes it, PyTorch ~81 (in the whole step that product had also become
+a transposed copy of dy and ran at ~21).
+
+Here those gradients transpose the smaller of their two operands into a copy behind
+optimization barriers (`_transposed_product`), so that XLA cannot fold the transpose back
+into the product, which is then a plain one. Forward passes and the other gradients are the
+plain products. On other platforms every function here is the plain product: their matmul
+libraries take transposed operands at full speed.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+
+def _on_cpu() -> bool:
+  return jax.default_backend() == "cpu"
+
+
+def _transposed_product(x_MxK, dy_MxN, precision=None):
+  """x^T dy contracting axis -2 of both (leading axes are batch axes), the smaller operand
+  transposed into a copy: materialised first (else XLA recomputes its producer, e.g. the
+  GELU, inside a slow transposing loop) and behind barriers."""
+  barrier = jax.lax.optimization_barrier
+  if x_MxK.shape[-1] <= dy_MxN.shape[-1]:
+    return jnp.matmul(barrier(barrier(x_MxK).mT), dy_MxN, precision=precision)
+  return barrier(jnp.matmul(barrier(barrier(dy_MxN).mT), x_MxK, precision=precision)).mT
+
+
+def dense(x, w, dimension_numbers, precision=None, preferred_element_type=None):
+  """`lax.dot_general` for a dense layer (x's last n axes against w's first n; flax's
+  `dot_general` argument), its weight gradient by `_transposed_product` on CPU."""
+  (lhs_c, rhs_c), (lhs_b, rhs_b) = dimension_numbers
+  n = len(lhs_c)
+  is_dense = (not lhs_b and not rhs_b and tuple(lhs_c) == tuple(range(x.ndim - n, x.ndim))
+              and tuple(rhs_c) == tuple(range(n)))
+  if not is_dense or preferred_element_type is not None or not _on_cpu():
+    return jax.lax.dot_general(x, w, dimension_numbers, precision=precision,
+                               preferred_element_type=preferred_element_type)
+  return _dense(x, w, n, precision)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _dense(x, w, n, precision):
+  dims = ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ()))
+  return jax.lax.dot_general(x, w, dims, precision=precision)
+
+
+def _dense_bwd(n, precision, residuals, dy):
+  x, w = residuals
+  k = math.prod(w.shape[:n])
+  x_MxK, w_KxN = x.reshape(-1, k), w.reshape(k, -1)
+  dy_MxN = dy.reshape(x_MxK.shape[0], w_KxN.shape[1])
+  dx = jnp.dot(dy_MxN, w_KxN.T, precision=precision).reshape(x.shape)
+  dw = _transposed_product(x_MxK, dy_MxN, precision).reshape(w.shape)
+  return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+_dense.defvjp(lambda x, w, n, precision: (_dense(x, w, n, precision), (x, w)), _dense_bwd)
+
+
+def attention_scores(q_BxHxTxK, k_BxHxSxK):
+  """q.k per head: [B, H, T, S]."""
+  if _on_cpu():
+    return _scores(q_BxHxTxK, k_BxHxSxK)
+  return jnp.einsum("bhtk,bhsk->bhts", q_BxHxTxK, k_BxHxSxK)
+
+
+def attention_values(p_BxHxTxS, v_BxHxSxK):
+  """The weights' product with the values, token-major: [B, T, H, K]."""
+  if _on_cpu():
+    return _values(p_BxHxTxS, v_BxHxSxK)
+  return jnp.einsum("bhts,bhsk->bthk", p_BxHxTxS, v_BxHxSxK)
+
+
+@jax.custom_vjp
+def _scores(q_BxHxTxK, k_BxHxSxK):
+  return jnp.einsum("bhtk,bhsk->bhts", q_BxHxTxK, k_BxHxSxK)
+
+
+def _scores_bwd(residuals, ds_BxHxTxS):
+  q_BxHxTxK, k_BxHxSxK = residuals
+  dq = jnp.einsum("bhts,bhsk->bhtk", ds_BxHxTxS, k_BxHxSxK)
+  dk = _transposed_product(ds_BxHxTxS, q_BxHxTxK)  # ds^T q
+  return dq.astype(q_BxHxTxK.dtype), dk.astype(k_BxHxSxK.dtype)
+
+
+@jax.custom_vjp
+def _values(p_BxHxTxS, v_BxHxSxK):
+  # head-major, then transposed: written token-major, XLA:CPU ran this product outside its
+  # fast kernels too
+  out_BxHxTxK = jax.lax.optimization_barrier(jnp.einsum("bhts,bhsk->bhtk", p_BxHxTxS, v_BxHxSxK))
+  return out_BxHxTxK.transpose(0, 2, 1, 3)
+
+
+def _values_bwd(residuals, do_BxTxHxK):
+  p_BxHxTxS, v_BxHxSxK = residuals
+  do_BxHxTxK = do_BxTxHxK.transpose(0, 2, 1, 3)
+  dp = jnp.einsum("bhtk,bhsk->bhts", do_BxHxTxK, v_BxHxSxK)
+  dv = _transposed_product(p_BxHxTxS, do_BxHxTxK)  # p^T do
+  return dp.astype(p_BxHxTxS.dtype), dv.astype(v_BxHxSxK.dtype)
+
+
+_scores.defvjp(lambda q, k: (_scores(q, k), (q, k)), _scores_bwd)
+_values.defvjp(lambda p, v: (_values(p, v), (p, v)), _values_bwd)
