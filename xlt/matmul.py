@@ -79,7 +79,9 @@ def attention_scores(q_BxHxTxK, k_BxHxSxK):
 
 def attention_values(p_BxHxTxS, v_BxHxSxK):
   """The weights' product with the values, token-major: [B, T, H, K]."""
-  if _on_cpu():
+  # one query position (a decoding step): the plain product, which XLA:CPU runs well there;
+  # _values's barrier made each new token ~2.5x slower (benchmarks/compare.py's decode job)
+  if _on_cpu() and p_BxHxTxS.shape[2] > 1:
     return _values(p_BxHxTxS, v_BxHxSxK)
   return jnp.einsum("bhts,bhsk->bthk", p_BxHxTxS, v_BxHxSxK)
 
