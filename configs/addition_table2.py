@@ -38,7 +38,7 @@ points' checkpoints):
   Standard + Hex     1024/512   100.00% / 98.17 ± 1.15    0.00% / 88.03 ± 3.04
   Letter + Standard  1024/512    98.90% / 99.57 ± 0.59   99.90% / 99.43 ± 0.49
   Hex + Standard     3200/512    97.80% / 88.70 ± 4.07   17.50% / 88.40 ± 4.29
-  Roman + Standard: not finished yet (the same command continues it).
+  Roman + Standard   1024/512    34.00% / 22.33 ± 8.25    8.00% / 96.57 ± 2.63
 Letter + Standard was resumed from its step-500 checkpoint with `--point_workers=2` (one CPU
 device on one core, beside Roman + Standard on the other; 2026-11-25, 78.5 min from the resume):
 its members stopped at 4125 (standard alone), 2500 (letter alone) and 4750 / 3000 / 2625
@@ -65,6 +65,17 @@ stopped inside the budget (after 1625-3000 steps; the mixed members' best valida
 2000 / 1750 / 1250), and Roman still neither learns alone nor receives: per seed 0.7 / 0.1 /
 0.8 mixed. (The reference's Roman alone reaches 19.42% with 2048 9-digit samples; here 256
 3-digit samples give 0.6%.)
+Roman + Standard (trained to step 1000 on 2026-11-24, to 2500 in stop 24, then resumed from
+its step-2500 checkpoint with the code of 3400874, before xlt/matmul.py, on one core, mostly
+alone; 2026-11-25, 115 min from the resume, about 25 of them paused for a test run and a
+benchmark): standard mixed per seed 96.1 / 94.2 / 99.4, against 8.00% alone (its best
+validation 10.2% at step 2875, stopped by patience at 3000); the reference's 22.98% -> 32%,
+so here Roman gives Standard far more than in the reference. Roman itself does not reach its
+ceiling in this budget: alone 34.00% with its best step the last (5000), mixed 31.5 / 15.5 /
+20.0 (two of the three mixed members ran to the 5000-step budget, best at 4500 / 4375; the
+third stopped by patience at 3750). Standard alone again sits at its threshold: the same 512
+samples gave 99.90% in Letter + Standard and 17.50% in Hex + Standard, one seed each, the
+models differing only in their vocabularies and rounding.
 """
 
 from configs import addition
