@@ -6,11 +6,16 @@ Language 1 = node lists, plain ids (N=2048 samples); language 2 = edge lists, pl
 (M=256). Reference validity: lang 2 alone ~23.9%, mixed ~98.05% ± 1.8; lang 1 alone
 98.34%, mixed 98.93% ± 1.1.
 
-Obtained at HEAD (commit 481b6f6, 2026-11-24; 2 CPU devices, members split over them
-(xlt.ensemble "devices"); the project's machine that day an AMD EPYC with 2 cores): 932 s wall,
-21,348 train tokens/s; lang 1 alone 98.00% ± 0.62, mixed 98.27% ± 0.75; lang 2 alone 46.63% ±
-1.36, mixed **94.53% ± 1.00** (per seed 95.3 / 94.9 / 93.4; best validation steps 1100 / 1100 /
-1200 of 1200). Short of the reference's 98.05%, within the 20-minute budget. The same recipe,
+Obtained with xlt/matmul.py (commit 2bc7311, 2026-11-25; 2 CPU devices, members split over
+them (xlt.ensemble "devices"); an AMD EPYC with 2 cores, nothing else running): **650 s wall**
+(`/usr/bin/time`), 34,546 train tokens/s; lang 1 alone 98.63% ± 0.58, mixed 98.60% ± 0.46;
+lang 2 alone 49.07% ± 5.76, mixed **95.53% ± 0.49** (per seed 95.2 / 96.1 / 95.3; best
+validation 97.3 / 97.3 / 96.5, at step 1200 of 1200 for all three). Short of the reference's
+98.05%, in 11 of the 20 minutes' budget. The same recipe before xlt/matmul.py (481b6f6,
+2026-11-24, same machine model): 932 s wall, 21,348 train tokens/s; lang 1 98.00% ± 0.62 ->
+98.27% ± 0.75; lang 2 46.63% ± 1.36 -> 94.53% ± 1.00 (95.3 / 94.9 / 93.4; best validation
+steps 1100 / 1100 / 1200): the two runs differ by float rounding (other programs for the
+same gradients) and by about a seed's spread. The same recipe,
 unchanged, on the second graph by the rule below (`--config.graph.seed=700`), same day: 977 s
 (beside a one-minute benchmark); lang 1 97.23% ± 1.31 → 98.27% ± 0.35; lang 2 50.47% ± 6.31 →
 93.83% ± 1.91 (95.4 / 91.7 / 94.4). The commit before (0759c31) drew its dropout masks with
