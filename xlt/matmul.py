@@ -10,9 +10,11 @@ a transposed copy of dy and ran at ~21).
 
 Here those gradients transpose the smaller of their two operands into a copy behind
 optimization barriers (`_transposed_product`), so that XLA cannot fold the transpose back
-into the product, which is then a plain one. Forward passes and the other gradients are the
-plain products. On other platforms every function here is the plain product: their matmul
-libraries take transposed operands at full speed.
+into the product, which is then a plain one. The forward passes and the other gradients are
+the plain products, except the attention's value product: XLA ran it in the slow form too when
+written token-major, so it runs head-major behind a barrier (but in a decoding step, where the
+plain product is fast). On other platforms every function here is the plain product: their
+matmul libraries take transposed operands at full speed.
 """
 
 from __future__ import annotations
