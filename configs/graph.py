@@ -16,9 +16,10 @@ validation 97.3 / 97.3 / 96.5, at step 1200 of 1200 for all three). Short of the
 98.27% ± 0.75; lang 2 46.63% ± 1.36 -> 94.53% ± 1.00 (95.3 / 94.9 / 93.4; best validation
 steps 1100 / 1100 / 1200): the two runs differ by float rounding (other programs for the
 same gradients) and by about a seed's spread. The same recipe,
-unchanged, on the second graph by the rule below (`--config.graph.seed=700`), same day: 977 s
+unchanged, on the second graph by the rule below (`--config.graph.seed=700`), at 481b6f6 on
+2026-11-24 (not rerun with xlt/matmul.py): 977 s
 (beside a one-minute benchmark); lang 1 97.23% ± 1.31 → 98.27% ± 0.35; lang 2 50.47% ± 6.31 →
-93.83% ± 1.91 (95.4 / 91.7 / 94.4). The commit before (0759c31) drew its dropout masks with
+93.83% ± 1.91 (95.4 / 91.7 / 94.4). The commit before 481b6f6 (0759c31) drew its dropout masks with
 flax's nn.Dropout, other random bits for the same recipe: 999 s, lang 2 49.67% ± 7.86 → 95.53%
 ± 1.01 (96.7 / 95.0 / 94.9); second graph 48.13% ± 4.23 → 94.37% ± 1.25 (980 s). The two differ
 by about a seed's spread: the masks' randomness alone moves the mean by a point.

@@ -1,11 +1,11 @@
 """Test setup: 8 fake CPU devices, so sharding is tested without hardware; XLA's back end
-unoptimised (below); and one
-persistent compilation cache for the session (`JAX_COMPILATION_CACHE_DIR`: a fresh temporary
-folder, removed at the end), which the subprocesses tests start inherit, pytest-xdist's
-workers (pyproject's addopts) among them: many tests compile the same small models' programs,
-and XLA compiling them was most of the suite's time.
+unoptimised (below); and one persistent compilation cache for the session
+(`JAX_COMPILATION_CACHE_DIR`: a fresh temporary folder, removed at the end), which the
+subprocesses tests start inherit, pytest-xdist's workers (pyproject's addopts) among them:
+many tests compile the same small models' programs, and XLA compiling them was most of the
+suite's time.
 
-Both must be set before jax is imported anywhere.
+All must be set before jax is imported anywhere.
 """
 
 import atexit

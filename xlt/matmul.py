@@ -82,7 +82,8 @@ def attention_scores(q_BxHxTxK, k_BxHxSxK):
 def attention_values(p_BxHxTxS, v_BxHxSxK):
   """The weights' product with the values, token-major: [B, T, H, K]."""
   # one query position (a decoding step): the plain product, which XLA:CPU runs well there;
-  # _values's barrier made each new token ~2.5x slower (benchmarks/compare.py's decode job)
+  # with _values's barrier, benchmarks/compare.py's decode job on one core took 31 and 40 ms
+  # per new token where it had taken 13-14 (two rounds each, a noisy machine)
   if _on_cpu() and p_BxHxTxS.shape[2] > 1:
     return _values(p_BxHxTxS, v_BxHxSxK)
   return jnp.einsum("bhts,bhsk->bthk", p_BxHxTxS, v_BxHxSxK)
