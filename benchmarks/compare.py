@@ -361,14 +361,19 @@ def run_worker(impl: str, plan_path: str, tmp: str, round_: int) -> dict:
     return {**json.load(f), "wall_s": wall, "other_cores": other}
 
 
-def machine() -> dict:
-  model = "unknown CPU"
+def machine(cpuinfo: str = "/proc/cpuinfo") -> dict:
+  """The CPU's model name, cores and widest vector ISA: machines of one model name (cloud
+  VMs) differ in the last, and XLA's kernels and PyTorch's gain differently from it."""
+  model, flags = "unknown CPU", set()
   try:
-    with open("/proc/cpuinfo") as f:
-      model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    with open(cpuinfo) as f:
+      lines = f.read().splitlines()
+    model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), model)
+    flags = set(next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), []))
   except OSError:
     pass
-  return {"cpu": model, "cores": os.cpu_count()}
+  isa = next((name for name in ("avx512f", "avx2", "avx", "sse4_2") if name in flags), "unknown")
+  return {"cpu": model, "cores": os.cpu_count(), "isa": isa}
 
 
 def version(pkg: str) -> str:

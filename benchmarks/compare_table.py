@@ -58,7 +58,7 @@ def table(report: dict) -> str:
   lines = [
       f"## xlt vs PyTorch eager, {report['date']}",
       "",
-      f"- machine: {m['cpu']}, {m['cores']} cores; devices: "
+      f"- machine: {m['cpu']}, {m['cores']} cores, {m.get('isa', 'ISA not recorded')}; devices: "
       + ", ".join(f"{name[k]} {i.get('device', 'cpu')}" for k, i in info.items()),
       "- versions: " + ", ".join(f"{k} {v}" for k, v in {k: v for i in info.values()
                                                            for k, v in i["versions"].items()}.items()),

@@ -28,7 +28,10 @@ cosine, peak lr 3e-3); validation every 40 steps, patience 4; each member is tes
 best-validation parameters.
 
 Obtained (2026-11-23, commit f87b2d7; mixed and limited seeds 0-2, the others seed 0, 8 members
-as one ensemble; 23.6 min wall, run beside two other experiments on the 2 cores):
+as one ensemble; 23.6 min wall, run beside two other experiments on the 2 cores). Rerun with
+xlt/matmul.py at 5814f2d (2026-11-25, an AMD EPYC with 2 cores and AVX-512, nothing else
+running; `/usr/bin/time`): 7.2 min wall, 30,275 train tokens/s, and every figure below the same
+to the digits shown:
 
   | condition   | ru data    | en data      | ru test ppl/token | ru ppl/char  | en test ppl/token |
   | high_only   | 0%         | 100% (1,277) | 4.06e+07          | 2623         | 13.80             |
@@ -39,7 +42,12 @@ as one ensemble; 23.6 min wall, run beside two other experiments on the 2 cores)
 
 The ordering matches the reference (full < mixed < limited); the gap is smaller. limited-alone
 peaked at step 120 and was stopped at 280; every mixed seed was still improving at step 1,000
-(best step = last), so a longer budget should widen the gap. (An earlier 1-seed run gave +18.0%.)
+(best step = last). A longer budget does not widen the gap: with 3,000 steps (cosine over
+3,000, limited and mixed only; `--config.train.steps=3000
+--config.conditions="('low_limited','mixed')"`, 5814f2d, 13.7 min wall, much of it beside the
+test suite) the mixed members stopped early at steps 1,200-1,440 (best validation at
+1,040-1,280) with Russian ppl 34.79 ± 1.17 against limited 42.56 ± 0.27: +18.3%. (An earlier
+1-seed run gave +18.0%.)
 Token perplexities are not comparable to the reference's (vocab 1,024 vs 30,000, another
 language, a 50x smaller model). The translated-pair proxy is configs/tinystories_en_de.py.
 """

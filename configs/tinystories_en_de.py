@@ -46,7 +46,9 @@ step, evaluations extra; early stopping shortens it). Seeds as the reference's: 
 limited 3 each (seeds 0-2), English-only and German-full 1: 8 members in one ensemble.
 
 Obtained (2026-11-23, commit f87b2d7; 17.1 min wall, run beside two other experiments on the 2
-cores; mixed and limited seeds 0-2, the others seed 0; German test perplexity per token):
+cores; mixed and limited seeds 0-2, the others seed 0; German test perplexity per token; rerun
+with xlt/matmul.py at 5814f2d on 2026-11-25, alone on an AMD EPYC with 2 cores and AVX-512: 4.6
+min wall, every figure below the same to the digits shown):
   high_only 8.23e+04 (en 17.01); low_limited 68.51 ± 1.10; low_full 18.26; mixed 78.15 ± 1.01
   (en 19.38 ± 1.36): transfer improvement -14.1% (reference +69.6%).
 No transfer at this scale: mixing in 800 English stories made the 78-story German model worse.

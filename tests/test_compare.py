@@ -47,3 +47,14 @@ def test_table_shows_the_one_device_column_and_its_ratio():
   assert "xlt on 1 device" in out and out.count("jax 0.10.2") == 1
   del report["rounds"][0][compare_table.ONE_DEVICE]
   assert "xlt on 1 device" not in compare_table.table(report)
+
+
+def test_machine_names_the_widest_vector_isa(tmp_path):
+  info = tmp_path / "cpuinfo"
+  info.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse4_2 avx avx2 avx512f avx512bw\n\n"
+                  "processor\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse4_2 avx avx2 avx512f avx512bw\n")
+  m = compare.machine(str(info))
+  assert (m["cpu"], m["isa"]) == ("AMD EPYC", "avx512f")
+  info.write_text("model name\t: Old CPU\nflags\t\t: fpu sse4_2 avx avx2\n")
+  assert compare.machine(str(info))["isa"] == "avx2"
+  assert compare.machine(str(tmp_path / "missing"))["isa"] == "unknown"

@@ -63,8 +63,10 @@ def test_recipes_in_one_ensemble(tmp_path):
   # the plain member in the gated ensemble trains as make_optimizer does, alone
   alone = loop.train_ensemble(c, cfg, members[:1], None, str(tmp_path / "alone"), progress=False,
                               init_params=jax.tree.map(lambda x: x[:1], init))
+  # (two programs, so float rounding: on an AVX-512 machine one entry near zero, of weights
+  # ~1e-2, differed by 1.03e-6 after the steps; atol 1e-5 is still 1000x below the weights)
   for x, y in zip(jax.tree.leaves(member(0)), jax.tree.leaves(alone["state"]["params"])):
-    np.testing.assert_allclose(x, np.asarray(y)[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x, np.asarray(y)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_alternation_rests_a_partition_and_resumes_exactly(tmp_path):
