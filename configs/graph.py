@@ -11,7 +11,12 @@ them (xlt.ensemble "devices"); an AMD EPYC with 2 cores, nothing else running): 
 (`/usr/bin/time`), 34,546 train tokens/s; lang 1 alone 98.63% ± 0.58, mixed 98.60% ± 0.46;
 lang 2 alone 49.07% ± 5.76, mixed **95.53% ± 0.49** (per seed 95.2 / 96.1 / 95.3; best
 validation 97.3 / 97.3 / 96.5, at step 1200 of 1200 for all three). Short of the reference's
-98.05%, in 11 of the 20 minutes' budget. The same recipe before xlt/matmul.py (481b6f6,
+98.05%, in 11 of the 20 minutes' budget. Rerun at bc80f42 (the same training code) on
+2026-11-25 10:02 UTC on an AMD EPYC with 2 cores and AVX-512, nothing else running: **507 s
+wall**, 40,203 train tokens/s; lang 1 98.23% ± 0.64 -> 98.17% ± 0.35; lang 2 51.67% ± 3.13 ->
+**95.30% ± 1.01** (96.2 / 94.2 / 95.5; best validation 97.3 / 97.7 / 95.7 at steps 1200 /
+1100 / 1200): another machine's kernels round differently, and the two runs differ by about
+a seed's spread. The same recipe before xlt/matmul.py (481b6f6,
 2026-11-24, same machine model): 932 s wall, 21,348 train tokens/s; lang 1 98.00% ± 0.62 ->
 98.27% ± 0.75; lang 2 46.63% ± 1.36 -> 94.53% ± 1.00 (95.3 / 94.9 / 93.4; best validation
 steps 1100 / 1100 / 1200): the two runs differ by float rounding (other programs for the
