@@ -37,9 +37,14 @@ three reach the reference's ~98% (best steps 2125 / 2750 / 2500; standard mixed 
 0.40; 2706 s wall beside the test suite). Each row is one probe of 3 seeds; the wall times of
 the first two (4909 s, 3126 s) were partly paused and beside other runs.
 
-At HEAD (`python -m xlt.main --config=configs/addition.py:cpu --workdir=runs/addition_cpu`,
-commit b9b39ac, 2 CPU devices, AMD EPYC, 2026-11-24; 3786 s wall, beside the test suite and
-the sweep below): standard 99.10% alone, 99.77% ± 0.40 mixed; letter 0.00% alone ->
+Rerun after xlt/matmul.py (`python -m xlt.main --config=configs/addition.py:cpu
+--workdir=runs/addition_cpu`, commit 1020aed's code, 2026-11-25, 2 CPU devices, an AMD EPYC
+with 2 cores and AVX-512, nothing else running; 19.5 min wall with `/usr/bin/time`, 17,015
+train tokens/s): standard 98.20% alone, 98.97% ± 1.31 mixed; letter 0.00% alone ->
+**98.63% ± 1.61** mixed (99.3 / 99.8 / 96.8; best validation steps 2000 / 1750 / 3125, the
+second reaching a perfect validation score; the run ended at step 4125 of 5000, every member
+stopped early). The same recipe at b9b39ac (2 CPU devices, AMD EPYC, 2026-11-24; 3786 s wall,
+beside the test suite and the sweep below): standard 99.10% alone, 99.77% ± 0.40 mixed; letter 0.00% alone ->
 **98.40% ± 2.42** mixed (99.8 / 99.8 / 95.6; reference 0% -> 98.2%). The mixed members equal
 the probe's bit for bit (same seeds, same code). The recipe before b9b39ac (weight decay 0.1,
 2000 steps, patience 3, 2 mixed seeds), as the first point of configs/addition_table2.py:cpu
