@@ -56,7 +56,9 @@ the last, validation 19.5%), while in Letter + Standard the same 512 samples, se
 recipe reached 99.90% by step 4125: the models differ only in their vocabularies (hex digits
 or letters: another embedding table) and rounding, so 512 3-digit Standard samples sit at the
 threshold of being learned alone at this recipe, and one alone seed cannot say on which side.
-Standard + Hex (34 min wall, alone on the machine): hex mixed per seed 84.6 / 89.1 / 90.4, best
+Standard + Hex rerun after xlt/matmul.py (`--workdir=W --points=standard+hex`, 3e28960, 2026-11-25, an AMD EPYC
+with AVX-512, alone; 20.3 min wall): standard 99.40% / 98.17 ± 2.17, hex 0.00% -> 85.40 ± 4.67 (87.2 / 80.1 / 88.9;
+best validation at 3250 / 3750 / 2125, each member stopped by patience). At 0393086 (34 min wall, alone on the machine): hex mixed per seed 84.6 / 89.1 / 90.4, best
 validation at steps 3000 / 4000 / 1500, each member stopped by patience (the second exactly at
 the 5000-step budget, 1000 steps after its best); the reference's 0% -> 97.94%. Before b9b39ac
 (weight decay 0.1, 2000 steps, 2 seeds) this point gave 55.10 ± 47.23.
