@@ -78,6 +78,23 @@ ceiling in this budget: alone 34.00% with its best step the last (5000), mixed 3
 third stopped by patience at 3750). Standard alone again sits at its threshold: the same 512
 samples gave 99.90% in Letter + Standard and 17.50% in Hex + Standard, one seed each, the
 models differing only in their vocabularies and rounding.
+Rerun after xlt/matmul.py, on 2026-11-25 on an AMD EPYC with AVX-512 (Standard + Letter is
+configs/addition.py:cpu's run at 1020aed, Standard + Hex the paragraph above; the other two
+`--workdir=W --points=letter+standard` with `--point_workers=2` and `--points=hex+standard`
+pinned to the other core (XLT_CPU_CORES=0), at 8482be8, one CPU device on one core each, side
+by side for 40 of their minutes; Standard + Roman and Roman + Standard were not rerun, their
+Roman decoding making each take over an hour on one core):
+  Standard + Letter  1440/160    98.20% / 98.97 ± 1.31    0.00% / 98.63 ± 1.61   (19.5 min)
+  Standard + Hex     1024/512    99.40% / 98.17 ± 2.17    0.00% / 85.40 ± 4.67   (20.3 min)
+  Letter + Standard  1024/512    98.90% / 99.27 ± 0.31   99.50% / 99.03 ± 0.81   (40.3 min)
+  Hex + Standard     3200/512    93.50% / 88.73 ± 2.14   14.60% / 94.47 ± 2.44   (43.4 min)
+Letter + Standard: Standard is again learned alone (99.50%, stopped at 4125); mixed members
+stopped at 3000 / 4625 / 3625, standard mixed per seed 99.9 / 98.9 / 98.3. Hex + Standard:
+standard mixed per seed 93.7 / 92.5 / 97.2 (best validation at 3500 / 3125 / 5000: the third
+ran to the budget, improving at its end), against 14.60% alone, whose best step was again the
+last (5000); the reference's 22.98% -> 96.09%. The two Standard-alone baselines (99.50% and
+14.60%, the same 512 samples and seed) split as before: 512 3-digit samples sit at the
+threshold of being learned alone at this recipe.
 """
 
 from configs import addition
