@@ -22,9 +22,10 @@ What is measured:
     batch 128, 13 tokens) and reference (12 x 128, 8 heads, batch 256, 32 tokens); the text
     proxy (model and batch read from configs/tinystories.py, block_size tokens).
   * ensemble: 9 graph models (29 tokens) in one xlt step (the strategy `auto` picks for the
-    platform and mesh, xlt.ensemble: on a CPU of several devices the members split over
-    them, on one lax.map), the same with vmap, the same 9 stepped one after
-    the other with the single-model step, and PyTorch's 9 separate steps.
+    platform, xlt.ensemble: on a CPU lax.map, each member's step data-parallel over the
+    devices), the same with vmap, the same 9 stepped one after the other with the
+    single-model step, and PyTorch's 9 separate steps (benchmarks/ensemble_workers.py also
+    times the members split over the devices).
   * decoding: greedy with a KV cache, graph model, batch 512, 100-token prompt + 20 new
     tokens; xlt through xlt.evaluate.decode_batch (jitted, after warm-up). Prefill is the
     same call with 1 new token; ms per new token = (full - prefill) / 19; new tokens/s =

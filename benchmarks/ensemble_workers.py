@@ -5,7 +5,8 @@
 Times xlt's training step of compare.py's ensemble job (9 graph models, batch 64 x 29 tokens)
 three ways, in rounds:
   * together: the 9 members in one step of one process on every core (the strategy `auto`
-    picks: on a CPU of several devices the members split over them, xlt.ensemble);
+    picks, xlt.ensemble: on a CPU `map`, each member's step data-parallel over the devices);
+  * devices: the same with the members split over the devices instead (strategy `devices`);
   * separate: the same process stepping 9 single-member states one after the other;
   * workers: `--workers` processes at once, each pinned to cores of its own
     (xlt.cpu_devices.worker_env) with the members split as `--member_workers` splits them
@@ -54,7 +55,8 @@ def worker(mode: str, members: list[int], steps: int, sync: str, out: str):
 
   def step_and_states(n, copies):
     abstract = jax.eval_shape(lambda: train_lib.init_state(cfg, tx, list(range(n))))
-    step, st_sh = train_lib.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract)[:2]
+    step, st_sh = train_lib.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract,
+                                      strategy="devices" if mode == "devices" else "auto")[:2]
     with jax.set_mesh(mesh):
       init = jax.jit(lambda s: train_lib.init_state(cfg, tx, s), out_shardings=st_sh)
       return step, [init(np.asarray(members[k * n:(k + 1) * n], np.uint32)) for k in range(copies)]
@@ -82,7 +84,8 @@ def worker(mode: str, members: list[int], steps: int, sync: str, out: str):
       open(f"{sync}.done.{os.getpid()}", "w").close()
       while len([p for p in os.listdir(os.path.dirname(sync)) if ".done." in p]) < int(os.environ["N_WORKERS"]):
         run()
-  strategy = "single-member steps" if mode == "separate" else ensemble.resolve(mesh=mesh, members=n)
+  strategy = ("single-member steps" if mode == "separate" else
+              ensemble.resolve("devices" if mode == "devices" else "auto", mesh=mesh, members=n))
   with open(out, "w") as f:
     json.dump({"members": n, "step_s": seconds, "devices": len(jax.devices()), "strategy": strategy}, f)
 
@@ -104,7 +107,7 @@ def one_round(tmp: str, r: int, steps: int, workers: int) -> dict:
 
   members = list(range(_job()["members"]))
   out = {}
-  for mode in ("together", "separate"):
+  for mode in ("together", "devices", "separate"):
     path = os.path.join(tmp, f"{mode}_{r}.json")
     _wait(_spawn(["--worker", mode, "--members", json.dumps(members), "--steps", str(steps), "--out", path]))
     out[mode] = json.load(open(path))
@@ -127,7 +130,8 @@ def one_round(tmp: str, r: int, steps: int, workers: int) -> dict:
 def rates(rnd: dict) -> dict:
   """Member-steps per second of each way."""
   e = sum(w["members"] for w in rnd["workers"])
-  return {"together": e / rnd["together"]["step_s"], "separate": e / (rnd["separate"]["step_s"]),
+  return {"together": e / rnd["together"]["step_s"], "devices": e / rnd["devices"]["step_s"],
+          "separate": e / (rnd["separate"]["step_s"]),
           "aggregate": sum(w["members"] / w["step_s"] for w in rnd["workers"]),
           "slowest share": e / max(w["step_s"] for w in rnd["workers"])}
 
@@ -147,8 +151,10 @@ def main(a):
         f"workers: {a.workers} × " + " + ".join(str(w["members"]) for w in first["workers"]) + " members")
   print("| way | member-steps/s | / separate | per round |")
   print("|---|---|---|---|")
-  for k in ("separate", "together", "aggregate", "slowest share"):
-    label = {"separate": "one process, 9 single-member steps", "together": "one process, one 9-member step",
+  for k in ("separate", "together", "devices", "aggregate", "slowest share"):
+    label = {"separate": "one process, 9 single-member steps",
+             "together": f"one process, one 9-member step ({first['together']['strategy']}, xlt's default)",
+             "devices": "one process, one 9-member step, members split over the devices (devices)",
              "aggregate": f"{a.workers} pinned processes, together while all run",
              "slowest share": f"{a.workers} pinned processes, bound by the largest share"}[k]
     print(f"| {label} | {med(k):.2f} | {med(k) / med('separate'):.2f} | "

@@ -4,8 +4,8 @@ One XLA:CPU device runs a small model's step as a chain of small ops, each sprea
 cores by XLA's thread pool; on a 2-core machine that pool kept the cores about 1.5 busy
 (../shared/PERF.md), and tiny matmuls split over two threads gain little. With two devices
 every step is two independent halves of the batch, one per core, and one all-reduce of the
-gradients (in-process memory, cheap); an ensemble of at least as many members as devices
-instead splits its members over them (xlt.ensemble, "devices"). On this project's 2-core
+gradients (in-process memory, cheap); an ensemble's members take such steps one after
+another (xlt.ensemble, "map"). On this project's 2-core
 machine (an AMD EPYC, 2026-11-23, `benchmarks/compare.py --rounds 3 --one_device`) 2 devices vs 1 trained the graph model 1.13x
 faster at 29 tokens and 1.37x at 128, the addition reference 1.15x, the text proxy 1.09x, the
 smallest step (addition `:cpu`) 0.98x, and decoded 1.39x as many tokens per second. The

@@ -10,14 +10,22 @@ leaf of their state has a leading ensemble axis. Three ways to compute over that
            about 3x slower than the same 9 stepped separately, while `map` is at least as
            fast as separate steps (`python benchmarks/compare.py --only ensemble`).
   devices  the members split over the mesh's devices (member e on device e mod n), each
-           device `map`s over its own with the whole batch, then the results are gathered.
-           On a CPU whose cores are XLA devices (xlt.cpu_devices) this replaces
-           data-parallel steps of every member, whose small per-device matmuls and gradient
-           all-reduce scale poorly, by independent work per core. It needs a mesh of data
-           parallelism only (parameters replicated) and one process.
+           device `map`s over its own with the whole batch, then the results are gathered:
+           independent work per core instead of data-parallel steps of every member. It
+           needs a mesh of data parallelism only (parameters replicated) and one process.
 
-`auto` (the default) picks `devices` on CPU when the mesh has several devices, all on its
-data axis, and at least as many members as devices; else `map` on CPU and `vmap` elsewhere.
+`auto` (the default) picks `map` on CPU (each member's step data-parallel over the mesh, as
+separate runs would be) and `vmap` elsewhere. Why not `devices` on a CPU of several devices
+(xlt.cpu_devices): whether it pays depends on the machine, and where it does not, it is slower
+than separate runs. 9 graph models (compare.py's ensemble job) on 2 devices, member-steps/s,
+three runs that alternated the ways step by step in one process (2026-11-25, commit 81568a1, a
+2-core AMD EPYC with AVX2, nothing else running): devices 12.93 / 13.62 (and 10.84), separate
+steps 13.37 / 13.88 (13.48), map 14.17 / 14.45 (the third run had no map); on the AVX-512 EPYC
+of the README's speed table devices had been 1.05x separate steps. `map` runs the very steps
+that separate runs would, in one program, so it is not slower than they are on any machine;
+and `devices` also pads: 9 members on 2 devices compute 10 (one device repeats a member), and
+members that stop early leave more such gaps. `devices` stays available by name
+(`--config.train.ensemble=devices`).
 Results agree to float rounding (tests/test_train.py checks each against separate runs).
 """
 
@@ -67,9 +75,7 @@ def resolve(strategy: str = "auto", platform: str | None = None, *, mesh=None,
       raise ValueError(f"ensemble strategy 'devices' cannot run here: {why}")
   if strategy != "auto":
     return strategy
-  if (platform or jax.default_backend()) != "cpu":
-    return "vmap"
-  return "devices" if members is not None and why_not_devices(mesh, members) is None else "map"
+  return "map" if (platform or jax.default_backend()) == "cpu" else "vmap"
 
 
 def over_members(fn: Callable, strategy: str, mesh=None) -> Callable:
