@@ -6,6 +6,15 @@ Language 1 = node lists, plain ids (N=2048 samples); language 2 = edge lists, pl
 (M=256). Reference validity: lang 2 alone ~23.9%, mixed ~98.05% ± 1.8; lang 1 alone
 98.34%, mixed 98.93% ± 1.1.
 
+At e391328 (2026-11-25 15:08 UTC; the ensemble's default on CPU now `map`, each member's step
+data-parallel over the 2 CPU devices, where the runs below split the members over the devices;
+a 2-core AMD EPYC with AVX2 and no AVX-512, on which both xlt and PyTorch step about half as fast
+as on the AVX-512 machine below; nothing else running; `/usr/bin/time -v python -m xlt.main
+--config=configs/graph.py --workdir=/tmp/runs/graph`): **16.5 min wall** (992 s), 20,662 train
+tokens/s; lang 1 alone 98.40% ± 0.61, mixed 98.33% ± 0.29; lang 2 alone 45.10% ± 4.64, mixed
+**94.30% ± 1.32** (per seed 95.8 / 93.3 / 93.8; best validation 97.3 / 97.7 / 95.7 at steps
+1200 / 1100 / 1000). Within a seed's spread of the runs below; short of the reference's 98.05%.
+
 Obtained with xlt/matmul.py (commit 2bc7311, 2026-11-25; 2 CPU devices, members split over
 them (xlt.ensemble "devices"); an AMD EPYC with 2 cores, nothing else running): **650 s wall**
 (`/usr/bin/time`), 34,546 train tokens/s; lang 1 alone 98.63% ± 0.58, mixed 98.60% ± 0.46;
