@@ -53,10 +53,11 @@ def worker(mode: str, members: list[int], steps: int, sync: str, out: str):
   mesh = sharding.make_mesh({"data": -1})
   rng = np.random.default_rng(0)
 
+  asked = "devices" if mode == "devices" else "auto"  # the ensemble strategy asked for
+
   def step_and_states(n, copies):
     abstract = jax.eval_shape(lambda: train_lib.init_state(cfg, tx, list(range(n))))
-    step, st_sh = train_lib.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract,
-                                      strategy="devices" if mode == "devices" else "auto")[:2]
+    step, st_sh = train_lib.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract, strategy=asked)[:2]
     with jax.set_mesh(mesh):
       init = jax.jit(lambda s: train_lib.init_state(cfg, tx, s), out_shardings=st_sh)
       return step, [init(np.asarray(members[k * n:(k + 1) * n], np.uint32)) for k in range(copies)]
@@ -84,8 +85,7 @@ def worker(mode: str, members: list[int], steps: int, sync: str, out: str):
       open(f"{sync}.done.{os.getpid()}", "w").close()
       while len([p for p in os.listdir(os.path.dirname(sync)) if ".done." in p]) < int(os.environ["N_WORKERS"]):
         run()
-  strategy = ("single-member steps" if mode == "separate" else
-              ensemble.resolve("devices" if mode == "devices" else "auto", mesh=mesh, members=n))
+  strategy = "single-member steps" if mode == "separate" else ensemble.resolve(asked, mesh=mesh, members=n)
   with open(out, "w") as f:
     json.dump({"members": n, "step_s": seconds, "devices": len(jax.devices()), "strategy": strategy}, f)
 

@@ -17,11 +17,10 @@ leaf of their state has a leading ensemble axis. Three ways to compute over that
 `auto` (the default) picks `map` on CPU (each member's step data-parallel over the mesh, as
 separate runs would be) and `vmap` elsewhere. Why not `devices` on a CPU of several devices
 (xlt.cpu_devices): whether it pays depends on the machine, and where it does not, it is slower
-than separate runs. 9 graph models (compare.py's ensemble job) on 2 devices, member-steps/s,
-three runs that alternated the ways step by step in one process (2026-11-25, commit 81568a1, a
-2-core AMD EPYC with AVX2, nothing else running): devices 12.93 / 13.62 (and 10.84), separate
-steps 13.37 / 13.88 (13.48), map 14.17 / 14.45 (the third run had no map); on the AVX-512 EPYC
-of the README's speed table devices had been 1.05x separate steps. `map` runs the very steps
+than separate runs. 9 graph models on 2 devices (`python benchmarks/ensemble_workers.py
+--rounds 3 --steps 15`, commit e391328, 2026-11-25, a 2-core AMD EPYC with AVX2, nothing else
+running; member-steps/s, median of 3 rounds): separate steps 15.16, map 15.21, devices 13.85
+(0.91x); on the AVX-512 EPYC of the README's speed table devices had been 1.05x separate steps. `map` runs the very steps
 that separate runs would, in one program, so it is not slower than they are on any machine;
 and `devices` also pads: 9 members on 2 devices compute 10 (one device repeats a member), and
 members that stop early leave more such gaps. `devices` stays available by name
@@ -65,8 +64,8 @@ def why_not_devices(mesh, members: int) -> str | None:
 def resolve(strategy: str = "auto", platform: str | None = None, *, mesh=None,
             members: int | None = None) -> str:
   """"vmap", "map" or "devices": `strategy` itself (checked against `mesh` and `members`
-  for devices), or for auto the one that suits `platform` (default: jax's default backend),
-  the mesh and the number of members."""
+  for devices), or for auto the one that suits `platform` (default: jax's default backend):
+  map on CPU, vmap elsewhere."""
   if strategy not in STRATEGIES:
     raise ValueError(f"ensemble strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
   if strategy == "devices":

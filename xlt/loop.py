@@ -120,7 +120,7 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
 
   @functools.lru_cache(maxsize=None)
   def step_for(n):  # one compiled step per ensemble size: stopped members drop out
-    s = t.get("ensemble", "auto")  # auto: resolved again for the n members left
+    s = t.get("ensemble", "auto")
     if s == "devices" and n < len(members) and ensemble_lib.why_not_devices(mesh, n) is not None:
       s = "map"  # members stopped, fewer are left than devices (at the start resolve raises)
     return train_lib.make_step(model_cfg, tx, mesh, rules, abstract_state(n), accum, gated, s)
