@@ -1,18 +1,20 @@
-"""Which attention trains fastest here: xlt's (xlt.model.causal_attention: masked einsums,
-normalised after the value product) against `jax.nn.dot_product_attention` and a head-major
-variant, each inside the whole training step of benchmarks/compare.py's shapes, on every CPU
-device as `python -m xlt.main` runs, rounds alternating in one process so the machine's noise
-falls on all alike.
+"""Which attention trains fastest here: xlt's (xlt.model.causal_attention: the mask an added
+bias, the queries cut into xlt.matmul.causal_query_chunks chunks, normalised after the value
+product) against its earlier form (`mask_select`), itself in one chunk, a head-major variant
+and `jax.nn.dot_product_attention`, each inside the whole training step of
+benchmarks/compare.py's shapes, on every CPU device as `python -m xlt.main` runs. The
+variants take turns step by step, so the machine's noise falls on all alike.
 
-  python benchmarks/attention.py [--jobs text_proxy,graph_128] [--rounds 3] [--steps 10]
+  python benchmarks/attention.py [--jobs text_proxy,graph_128] [--steps 30] [--seq 512]
 
-Prints ms per step (median over rounds of each round's median) and each variant's speed
-relative to xlt's. Each variant is traced while `xlt.model.causal_attention` is it, and all
-compute the same function (the first step's losses agree; tests/test_model.py checks xlt's
-against a plain softmax). `jax_dpa` is `jax.nn.dot_product_attention` with jax's default
-implementation, which in jax 0.10.2 is its XLA one (cuDNN only on request, in 16-bit floats
-on an NVIDIA GPU), so on a CPU it answers whether jax's composition of the same ops compiles
-better than xlt's.
+Prints ms per step (median over steps, with the quartiles) and each variant's speed relative
+to xlt's. `--seq` runs the jobs at another sequence length (the position table grows to it;
+graph_128 at 512 tokens is the graph model at the text reference's length). Each variant is
+traced while `xlt.model.causal_attention` is it, and all compute the same function (the
+first step's losses agree; tests/test_model.py checks xlt's against a plain softmax).
+`jax_dpa` is `jax.nn.dot_product_attention` with jax's default implementation, which in jax
+0.10.2 is its XLA one (cuDNN only on request, in 16-bit floats on an NVIDIA GPU), so on a CPU
+it answers whether jax's composition of the same ops compiles better than xlt's.
 """
 
 import argparse
@@ -35,12 +37,32 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 import compare  # noqa: E402
-from xlt import model as model_lib, sharding, train as train_lib  # noqa: E402
+from xlt import matmul, model as model_lib, sharding, train as train_lib  # noqa: E402
 
 
-def head_major(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p):
-  """xlt's computation with the value product written head-major ([B, H, T, K]) and one
+XLT = model_lib.causal_attention  # bound now: the benchmark swaps the module's attribute
+
+
+def mask_select(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p, query_chunks=1):
+  """xlt's attention until 2026-11-25: the mask a select, every score computed."""
+  del query_chunks
+  dt = q_BxHxTxK.dtype
+  att = jnp.where(mask_TxS, matmul.attention_scores(q_BxHxTxK, k_BxHxSxK).astype(jnp.float32), -1e30)
+  p = jnp.exp(att - jax.lax.stop_gradient(att.max(-1, keepdims=True)))
+  out = matmul.attention_values(drop(p).astype(dt), v_BxHxSxK)
+  return (out.astype(jnp.float32) / p.sum(-1).transpose(0, 2, 1)[..., None]).astype(dt)
+
+
+def one_chunk(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p, query_chunks=1):
+  """xlt's attention with every query in one chunk (all scores computed)."""
+  del query_chunks
+  return XLT(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop)
+
+
+def head_major(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p, query_chunks=1):
+  """Plain einsums with the value product written head-major ([B, H, T, K]) and one
   transpose to [B, T, H, K] after it."""
+  del query_chunks
   dt = q_BxHxTxK.dtype
   att = jnp.where(mask_TxS, jnp.einsum("bhtk,bhsk->bhts", q_BxHxTxK, k_BxHxSxK).astype(jnp.float32), -1e30)
   p = jnp.exp(att - jax.lax.stop_gradient(att.max(-1, keepdims=True)))
@@ -48,15 +70,16 @@ def head_major(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p):
   return (out.astype(jnp.float32) / p.sum(-1, keepdims=True)).astype(dt).transpose(0, 2, 1, 3)
 
 
-def jax_dpa(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p):
+def jax_dpa(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p, query_chunks=1):
   """jax.nn.dot_product_attention (its inputs are [B, T, H, K]; xlt already scaled q)."""
-  del drop  # it has no dropout of the weights: the benchmark's models have none
+  del drop, query_chunks  # it has no dropout of the weights: the benchmark's models have none
   t = lambda x: x.transpose(0, 2, 1, 3)
   return jax.nn.dot_product_attention(t(q_BxHxTxK), t(k_BxHxSxK), t(v_BxHxSxK), mask=mask_TxS[None, None],
                                       scale=1.0)
 
 
-VARIANTS = {"xlt": model_lib.causal_attention, "head_major": head_major, "jax_dpa": jax_dpa}
+VARIANTS = {"xlt": XLT, "mask_select": mask_select, "one_chunk": one_chunk,
+            "head_major": head_major, "jax_dpa": jax_dpa}
 
 
 def main(a):
@@ -67,52 +90,52 @@ def main(a):
   unknown = set(a.jobs.split(",")) - set(jobs)
   if unknown:
     raise SystemExit(f"unknown jobs {sorted(unknown)}; training jobs: {sorted(jobs)}")
-  runs, xlt_attention = {}, model_lib.causal_attention
+  variants = a.variants.split(",")
+  if set(variants) - set(VARIANTS):
+    raise SystemExit(f"unknown variants {sorted(set(variants) - set(VARIANTS))}; known: {sorted(VARIANTS)}")
+  print(f"{len(jax.devices())} {jax.devices()[0].platform} devices, jax {jax.__version__}; ms per step, "
+        f"median of {a.steps} steps per variant, variants taking turns step by step\n")
+  print("| shape | attention | ms per step | quartiles | speed vs xlt's |\n|---|---|---|---|---|")
   for name in a.jobs.split(","):
     job = jobs[name]
-    cfg, b, t = model_lib.Config(**job["model"]), job["batch"], job["seq"]
+    model, t = dict(job["model"]), a.seq or job["seq"]
+    model["block_size"] = max(model["block_size"], t)
+    cfg, b = model_lib.Config(**model), job["batch"]
     batch = {"tokens": rng.integers(0, cfg.vocab_size, (1, b, t + 1)).astype(np.int32),
              "loss_mask": np.ones((1, b, t), np.float32)}
     abstract = jax.eval_shape(lambda: train_lib.init_state(cfg, tx, [0]))
-    for variant, fn in VARIANTS.items():
-      model_lib.causal_attention = fn  # read when the step is traced (its first call below)
+    runs = {}
+    for variant in variants:
+      model_lib.causal_attention = VARIANTS[variant]  # read when the step is traced (its first call below)
       try:
         step, st_sh = train_lib.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract)[:2]
         with jax.set_mesh(mesh):
           state = jax.jit(lambda s: train_lib.init_state(cfg, tx, s), out_shardings=st_sh)(np.arange(1))
           state, metrics = step(state, batch)
-          print(f"{name} {variant}: first loss {float(np.asarray(metrics['loss'])[0]):.6f}", flush=True)
+          state, _ = step(state, batch)  # a second warm-up step
+        print(f"<!-- {name} {variant}: first loss {float(np.asarray(metrics['loss'])[0]):.6f} -->", flush=True)
       finally:
-        model_lib.causal_attention = xlt_attention
-      runs[name, variant] = [step, state, batch]
-
-  times = {key: [] for key in runs}
-  for _ in range(a.rounds):
-    for key, run in runs.items():
-      step, state, batch = run
-      per_step = []
-      with jax.set_mesh(mesh):
-        for i in range(a.steps + 2):  # two warm-up steps
+        model_lib.causal_attention = XLT
+      runs[variant] = [step, state, []]
+    with jax.set_mesh(mesh):
+      for _ in range(a.steps):
+        for run in runs.values():
           t0 = time.perf_counter()
-          state, _ = step(state, batch)
-          jax.block_until_ready(state)
-          if i >= 2:
-            per_step.append(time.perf_counter() - t0)
-      run[1] = state
-      times[key].append(statistics.median(per_step) * 1e3)
-
-  print(f"\n{len(jax.devices())} {jax.devices()[0].platform} devices, jax {jax.__version__}; ms per step, "
-        f"median of {a.rounds} rounds (each the median of {a.steps} steps)\n")
-  print("| shape | attention | ms per step | speed vs xlt's | per round |\n|---|---|---|---|---|")
-  for (name, variant), ms in times.items():
-    base = statistics.median(times[name, "xlt"])
-    print(f"| {name} | {variant} | {statistics.median(ms):.1f} | {base / statistics.median(ms):.2f} | "
-          f"{' / '.join(f'{x:.1f}' for x in ms)} |")
+          run[1], _ = run[0](run[1], batch)
+          jax.block_until_ready(run[1])
+          run[2].append(time.perf_counter() - t0)
+    base = statistics.median(runs[variants[0]][2])
+    label = f"{name} at {t} tokens" if a.seq else name
+    for variant, (_, _, times) in runs.items():
+      q1, med, q3 = (float(x) * 1e3 for x in np.percentile(times, [25, 50, 75]))
+      print(f"| {label} | {variant} | {med:.1f} | {q1:.1f}-{q3:.1f} | {base * 1e3 / med:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--jobs", default="text_proxy,graph_128", help="training jobs of benchmarks/compare.py")
-  p.add_argument("--rounds", type=int, default=3)
-  p.add_argument("--steps", type=int, default=10, help="timed steps per variant and round")
+  p.add_argument("--variants", default="xlt,mask_select,one_chunk,head_major,jax_dpa",
+                 help="the first is the baseline of the speed column")
+  p.add_argument("--steps", type=int, default=30, help="timed steps per variant")
+  p.add_argument("--seq", type=int, default=0, help="sequence length instead of each job's")
   main(p.parse_args())

@@ -177,6 +177,36 @@ def test_causal_attention_and_its_gradient_equal_the_plain_softmax():
     np.testing.assert_allclose(g, g_plain, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("chunks", [2, 3, 7, 9])
+def test_causal_attention_in_query_chunks_equals_one_chunk(chunks):
+  """Chunks of queries that attend only to the keys up to their last position compute the
+  same attention and gradients as one chunk over all keys (uneven chunks, and more chunks
+  than positions, included)."""
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 3, 7, 4)) * 3 for i in range(3))
+  mask = jnp.tril(jnp.ones((7, 7), bool))
+  loss = lambda n: lambda *a: (model.causal_attention(*a, mask, query_chunks=n) * jnp.arange(4.0)).sum()
+  np.testing.assert_allclose(model.causal_attention(q, k, v, mask, query_chunks=chunks),
+                             model.causal_attention(q, k, v, mask), rtol=1e-5, atol=1e-5)
+  for g, g_one in zip(jax.grad(loss(chunks), (0, 1, 2))(q, k, v), jax.grad(loss(1), (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(g, g_one, rtol=1e-4, atol=1e-4)
+
+
+def test_query_chunks_per_length_on_cpu():
+  """One chunk below 64 tokens; 2 at 128 and 4 at 512, the measured best (xlt.matmul)."""
+  assert jax.default_backend() == "cpu"
+  assert [matmul.causal_query_chunks(t) for t in (1, 13, 29, 63, 64, 128, 288, 512)] == [1, 1, 1, 1, 1, 2, 3, 4]
+
+
+def test_model_with_chunked_attention_equals_one_chunk(monkeypatch):
+  """A whole model over 128 tokens (2 chunks on CPU) gives the logits it gives with one."""
+  cfg = model.Config(vocab_size=11, block_size=128, num_layers=2, num_heads=2, d_model=8)
+  params = model.init_params(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 128), 0, 11)
+  chunked = model.apply(cfg, params, tokens)[0]
+  monkeypatch.setattr(matmul, "causal_query_chunks", lambda t: 1)
+  np.testing.assert_allclose(chunked, model.apply(cfg, params, tokens)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_attention_benchmark_variants_compute_xlts_attention():
   """benchmarks/attention.py times its variants as alternatives to xlt's: they must agree."""
   from benchmarks import attention

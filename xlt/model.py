@@ -125,17 +125,32 @@ def rope(x_BxTxHxK, pos_T, base: float):
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x_BxTxHxK.dtype)
 
 
-def causal_attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p):
+def causal_attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p, query_chunks=1):
   """softmax(q.k + mask) @ v, normalised after the value product (flash attention's order):
   the division then touches [B, H, T, K] instead of [B, H, T, S], and the row maximum is
   outside the gradient (softmax does not depend on it), so the backward pass has no
   reduce_max to differentiate. On XLA:CPU every pass over the [B, H, T, S] scores costs
-  about as much as a matmul; this order makes three fewer of them per layer and step."""
+  about as much as a matmul; this order makes three fewer of them per layer and step.
+
+  `query_chunks` > 1 (self-attention from position 0, so that the mask is lower-triangular)
+  cuts the queries into that many chunks, each attending to the keys up to its last
+  position: the same values, without the masked scores above the diagonal
+  (xlt.matmul.causal_query_chunks says how many pay)."""
+  t = q_BxHxTxK.shape[2]
+  if query_chunks > 1 and t > 1:
+    bounds = [round(t * i / query_chunks) for i in range(query_chunks + 1)]
+    return jnp.concatenate(
+        [_attention(q_BxHxTxK[:, :, lo:hi], k_BxHxSxK[:, :, :hi], v_BxHxSxK[:, :, :hi], mask_TxS[lo:hi, :hi], drop)
+         for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo], axis=1)
+  return _attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop)
+
+
+def _attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop):
   dt = q_BxHxTxK.dtype
-  att_BxHxTxS = matmul.attention_scores(q_BxHxTxK, k_BxHxSxK).astype(jnp.float32)
-  att_BxHxTxS = jnp.where(mask_TxS, att_BxHxTxS, -1e30)
+  # the mask as an added bias (xlt.matmul.mask_bias): masked entries become exp(-1e30) = 0
+  att_BxHxTxS = matmul.attention_scores(q_BxHxTxK, k_BxHxSxK).astype(jnp.float32) + matmul.mask_bias(mask_TxS)
   max_BxHxTx1 = jax.lax.stop_gradient(att_BxHxTxS.max(-1, keepdims=True))
-  p_BxHxTxS = jnp.exp(att_BxHxTxS - max_BxHxTx1)  # masked entries: exp(-1e30) = 0
+  p_BxHxTxS = jnp.exp(att_BxHxTxS - max_BxHxTx1)
   sum_BxTxHx1 = p_BxHxTxS.sum(-1).transpose(0, 2, 1)[..., None]  # >= 1: the diagonal is unmasked
   # `drop` (dropout of the attention weights) after the sum: the normalised weights are dropped
   out_BxTxHxK = matmul.attention_values(drop(p_BxHxTxS).astype(dt), v_BxHxSxK)
@@ -175,7 +190,9 @@ class Attention(nn.Module):
     t, s = x_BxTxD.shape[1], k_BxHxSxK.shape[2]
     causal_TxS = (jnp.arange(t)[:, None] + pos) >= jnp.arange(s)[None, :]
     out_BxTxHxK = causal_attention(q_BxHxTxK * (k ** -0.5), k_BxHxSxK.astype(dt), v_BxHxSxK.astype(dt), causal_TxS,
-                                   lambda p: _dropout(self, c, p))
+                                   lambda p: _dropout(self, c, p),
+                                   # from position 0 (training, scoring, prefill) the mask is lower-triangular
+                                   matmul.causal_query_chunks(t) if isinstance(pos, int) and pos == 0 else 1)
     out_BxTxD = nn.DenseGeneral(
         c.d_model, axis=(-2, -1), name="proj", dtype=dt, dot_general=matmul.dense,
         # GPT-2: residual projections start smaller so the residual stream stays O(1).
