@@ -1,9 +1,10 @@
 """Which attention trains fastest here: xlt's (xlt.model.causal_attention: the mask an added
 bias, the queries cut into xlt.matmul.causal_query_chunks chunks, normalised after the value
-product) against its earlier form (`mask_select`), itself in one chunk, a head-major variant
-and `jax.nn.dot_product_attention`, each inside the whole training step of
-benchmarks/compare.py's shapes, on every CPU device as `python -m xlt.main` runs. The
-variants take turns step by step, so the machine's noise falls on all alike.
+product) against its earlier form (`mask_select`), itself in one chunk or in a fixed number
+of chunks (`chunks_2` .. `chunks_8`), a head-major variant and `jax.nn.dot_product_attention`,
+each inside the whole training step of benchmarks/compare.py's shapes, on every CPU device as
+`python -m xlt.main` runs. The variants take turns step by step, so the machine's noise falls
+on all alike.
 
   python benchmarks/attention.py [--jobs text_proxy,graph_128] [--steps 30] [--seq 512]
 
@@ -78,8 +79,17 @@ def jax_dpa(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p, query_c
                                       scale=1.0)
 
 
+def fixed_chunks(n):
+  """xlt's attention with its queries in n chunks at any length (xlt picks the count by T)."""
+  def attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p, query_chunks=1):
+    del query_chunks
+    return XLT(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop, n if q_BxHxTxK.shape[2] == k_BxHxSxK.shape[2] else 1)
+  return attention
+
+
 VARIANTS = {"xlt": XLT, "mask_select": mask_select, "one_chunk": one_chunk,
-            "head_major": head_major, "jax_dpa": jax_dpa}
+            "head_major": head_major, "jax_dpa": jax_dpa,
+            **{f"chunks_{n}": fixed_chunks(n) for n in (2, 3, 4, 8)}}
 
 
 def main(a):

@@ -31,7 +31,11 @@ Obtained (2026-11-23, commit f87b2d7; mixed and limited seeds 0-2, the others se
 as one ensemble; 23.6 min wall, run beside two other experiments on the 2 cores). Rerun with
 xlt/matmul.py at 5814f2d (2026-11-25, an AMD EPYC with 2 cores and AVX-512, nothing else
 running; `/usr/bin/time`): 7.2 min wall, 30,275 train tokens/s, and every figure below the same
-to the digits shown:
+to the digits shown. Rerun at 19f8053 (attention in 2 query chunks at these 128 tokens, its mask
+a fused bias: other float rounding; 2026-11-25 17:48 UTC, a 2-core AMD EPYC with AVX2, about
+half as fast, nothing else running; `/usr/bin/time -v python -m xlt.main
+--config=configs/tinystories.py --workdir=/tmp/runs/ts`): 11.5 min wall, 20,361 train tokens/s,
+every figure below again the same to the digits shown:
 
   | condition   | ru data    | en data      | ru test ppl/token | ru ppl/char  | en test ppl/token |
   | high_only   | 0%         | 100% (1,277) | 4.06e+07          | 2623         | 13.80             |

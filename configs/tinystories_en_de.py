@@ -48,7 +48,10 @@ limited 3 each (seeds 0-2), English-only and German-full 1: 8 members in one ens
 Obtained (2026-11-23, commit f87b2d7; 17.1 min wall, run beside two other experiments on the 2
 cores; mixed and limited seeds 0-2, the others seed 0; German test perplexity per token; rerun
 with xlt/matmul.py at 5814f2d on 2026-11-25, alone on an AMD EPYC with 2 cores and AVX-512: 4.6
-min wall, every figure below the same to the digits shown):
+min wall, every figure below the same to the digits shown; again at 19f8053, attention in 2 query
+chunks with its mask a fused bias, on 2026-11-25 18:00 UTC on a 2-core AMD EPYC with AVX2, about
+half as fast, alone (`/usr/bin/time -v python -m xlt.main --config=configs/tinystories_en_de.py
+--workdir=/tmp/runs/tsde`): 8.8 min wall, every figure the same to the digits shown):
   high_only 8.23e+04 (en 17.01); low_limited 68.51 ± 1.10; low_full 18.26; mixed 78.15 ± 1.01
   (en 19.38 ± 1.36): transfer improvement -14.1% (reference +69.6%).
 No transfer at this scale: mixing in 800 English stories made the 78-story German model worse.

@@ -192,7 +192,7 @@ def test_causal_attention_in_query_chunks_equals_one_chunk(chunks):
 
 
 def test_query_chunks_per_length_on_cpu():
-  """One chunk below 64 tokens; 2 at 128 and 4 at 512, the measured best (xlt.matmul)."""
+  """floor(sqrt(T / 32)) chunks on CPU: one below 128 tokens, 2 at 128, 4 at 512 (xlt.matmul)."""
   assert jax.default_backend() == "cpu"
   assert [matmul.causal_query_chunks(t) for t in (1, 13, 29, 63, 64, 128, 288, 512)] == [1, 1, 1, 1, 1, 2, 3, 4]
 
