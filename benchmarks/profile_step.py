@@ -1,0 +1,201 @@
+"""Where a training step's time goes: one of benchmarks/compare.py's training jobs traced with
+`jax.profiler`, each of XLA's ops (fusions, copies, the all-reduce) with its time per step and
+device, and for those that hold matrix products their FLOPs (read from the compiled HLO) and
+speed in GFLOP/s, with the model path the op came from (`block_1/mlp/fc`, backward or not).
+
+  python benchmarks/profile_step.py text_proxy [--steps 5] [--top 30] [--trace_dir /tmp/prof]
+
+Prints the step's median time unprofiled, a table of the costliest ops, then the totals:
+time in ops with products and their speed, and the rest by kind of op. Compare the products'
+GFLOP/s with a plain matmul's on the same cores to see how far a step is from its matmuls'
+limit. Times are per device: the trace's op times summed over the steps and divided by steps
+x devices (a data-parallel step runs the same ops on every device). On a CPU the ops run on
+XLA's threads and the times are wall time of each op; on a GPU they are its kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import math
+import os
+import re
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/, xlt/
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # compare.py
+if __name__ == "__main__":  # as `python -m xlt.main` starts: before jax is imported
+  from xlt import allocator, cpu_devices
+
+  cpu_devices.configure()
+  allocator.preload()
+
+_INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ([\w\-]+)\((.*?)\)(.*)$")
+_COMP = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$")
+
+
+def _dims(type_str: str) -> list[int] | None:
+  """[2, 3] for 'f32[2,3]{1,0}'; None for a tuple or a token."""
+  m = re.match(r"\w+\[([\d,]*)\]", type_str)
+  return [int(d) for d in m.group(1).split(",") if d] if m else None
+
+
+def _dot_flops(out_type: str, lhs_type: str | None, attrs: str) -> int:
+  out, lhs = _dims(out_type), _dims(lhs_type or "")
+  contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attrs)
+  if out is None or lhs is None or contracting is None:
+    return 0
+  k = math.prod(lhs[int(i)] for i in contracting.group(1).split(",") if i)
+  return 2 * math.prod(out) * k
+
+
+def hlo_ops(hlo: str) -> dict[str, dict]:
+  """Every instruction of a compiled HLO module's text: {name: {"flops": 2·M·N·K summed over
+  its products (its own if it is a `dot`, its fused computation's if it calls one; 0 if it has
+  none), "where": its op_name metadata (the jax path it came from)}}. Operands' types are
+  looked up in the computation that defines them."""
+  computations: dict[str, list[tuple]] = {}
+  current = None
+  for line in hlo.splitlines():
+    head = _COMP.match(line)
+    if head and "=" not in line.split("{")[0]:
+      current = computations.setdefault(head.group(1), [])
+      continue
+    m = _INSTR.match(line)
+    if m and current is not None:
+      current.append(m.groups())
+
+  def flops_in(body) -> int:
+    types = {name: typ for name, typ, *_ in body}
+    total = 0
+    for name, typ, opcode, operands, attrs in body:
+      if opcode == "dot":
+        lhs = operands.split(",")[0].strip().split()[-1].lstrip("%")
+        total += _dot_flops(typ, types.get(lhs), attrs)
+    return total
+
+  ops = {}
+  for body in computations.values():
+    inner = {name: (typ, opcode, operands, attrs) for name, typ, opcode, operands, attrs in body}
+    for name, (typ, opcode, operands, attrs) in inner.items():
+      called = re.search(r"calls=%?([\w.\-]+)", attrs)
+      if opcode == "dot":
+        lhs = operands.split(",")[0].strip().split()[-1].lstrip("%")
+        flops = _dot_flops(typ, inner.get(lhs, (None,))[0], attrs)
+      elif called and called.group(1) in computations and opcode in ("fusion", "custom-call"):
+        flops = flops_in(computations[called.group(1)])
+      else:
+        flops = 0
+      where = re.search(r'op_name="([^"]*)"', attrs)
+      ops[name] = {"flops": flops, "where": where.group(1) if where else ""}
+  return ops
+
+
+def op_times(trace_dir: str) -> collections.Counter:
+  """Microseconds per op name, summed over a jax.profiler trace's complete events."""
+  files = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
+  if not files:
+    raise SystemExit(f"no trace in {trace_dir}")
+  with gzip.open(max(files, key=os.path.getmtime)) as f:
+    trace = json.load(f)
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  total = collections.Counter()
+  for e in events:
+    if e.get("ph") == "X":
+      total[e["name"]] += e.get("dur", 0)
+  return total
+
+
+def _short(where: str) -> str:
+  """'…/transpose(jvp(GPT))/block_1/mlp/fc/dot_general' -> 'backward block_1/mlp/fc'; outside
+  the model, the jax op's name."""
+  back = "backward " if "transpose(" in where else ""
+  if "GPT)" not in where:
+    return back + where.rsplit("/", 1)[-1]
+  path = where.split("GPT)", 1)[1].lstrip(")/")
+  return back + (path.rsplit("/", 1)[0] if "/" in path else path)
+
+
+def report(times_us: collections.Counter, ops: dict[str, dict], per: float, top: int) -> str:
+  """The table and totals; `per` = steps x devices (times are divided by it)."""
+  kinds = collections.Counter()
+  rows = []
+  for name, us in times_us.items():
+    if name in ops:  # XLA's ops; the trace's other events are the runtime's and Python's
+      ms = us / 1e3 / per
+      info = ops[name]
+      rows.append((ms, name, info))
+      kinds["ops with products" if info["flops"] else re.sub(r"\.\d+$", "", name)] += ms
+  rows.sort(key=lambda r: -r[0])
+  total = sum(r[0] for r in rows)
+  lines = ["| op | ms | share | GFLOP | GFLOP/s | from |", "|---|---|---|---|---|---|"]
+  for ms, name, info in rows[:top]:
+    gf = info["flops"] / 1e9
+    speed = f"{gf / ms * 1e3:.1f}" if info["flops"] and ms else ""
+    lines.append(f"| {name} | {ms:.2f} | {ms / total:.1%} | {gf:.3f} | {speed} | {_short(info['where'])} |")
+  dot_ms = sum(ms for ms, _, info in rows if info["flops"])
+  dot_gf = sum(info["flops"] for ms, _, info in rows if info["flops"]) / 1e9
+  lines.append(f"\nops: {total:.1f} ms per step and device; with products {dot_ms:.1f} ms "
+               f"({dot_gf:.3f} GFLOP, {dot_gf / dot_ms * 1e3 if dot_ms else 0:.1f} GFLOP/s)")
+  lines.append("by kind: " + ", ".join(f"{k} {v:.2f}" for k, v in kinds.most_common(12)))
+  return "\n".join(lines)
+
+
+def main(a):
+  import jax
+  import ml_collections
+  import numpy as np
+
+  import compare
+  from xlt import model as model_lib, sharding, train as train_lib
+
+  jobs = {j["name"]: j for j in compare.plan() if j["kind"] == "train"}
+  if a.job not in jobs:
+    raise SystemExit(f"unknown job {a.job!r}; training jobs: {sorted(jobs)}")
+  job = jobs[a.job]
+  tx = train_lib.make_optimizer(ml_collections.ConfigDict(compare.OPT))
+  mesh = sharding.make_mesh({"data": -1})
+  cfg, b, t = model_lib.Config(**job["model"]), job["batch"], job["seq"]
+  rng = np.random.default_rng(0)
+  batch = {"tokens": rng.integers(0, cfg.vocab_size, (1, b, t + 1)).astype(np.int32),
+           "loss_mask": np.ones((1, b, t), np.float32)}
+  abstract = jax.eval_shape(lambda: train_lib.init_state(cfg, tx, [0]))
+  step, st_sh = train_lib.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract)[:2]
+  with jax.set_mesh(mesh):
+    state = jax.jit(lambda s: train_lib.init_state(cfg, tx, s), out_shardings=st_sh)(np.arange(1))
+    ops = hlo_ops(step.lower(state, batch).compile().as_text())
+
+    def one():
+      nonlocal state
+      state, _ = step(state, batch)
+      jax.block_until_ready(state)
+
+    for _ in range(3):
+      one()
+    times = []
+    for _ in range(10):
+      t0 = time.perf_counter()
+      one()
+      times.append(time.perf_counter() - t0)
+    with jax.profiler.trace(a.trace_dir):
+      for _ in range(a.steps):
+        one()
+  devices = len(jax.devices())
+  print(f"{job['label']}: {devices} {jax.devices()[0].platform} device(s), jax {jax.__version__}; "
+        f"{np.median(times) * 1e3:.1f} ms per step unprofiled (median of 10); {a.steps} steps traced "
+        f"in {a.trace_dir}\n")
+  print(report(op_times(a.trace_dir), ops, a.steps * devices, a.top))
+
+
+if __name__ == "__main__":
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("job", help="a training job of benchmarks/compare.py (graph_29, graph_128, addition_cpu, "
+                 "addition_ref, text_proxy)")
+  p.add_argument("--steps", type=int, default=5, help="steps traced")
+  p.add_argument("--top", type=int, default=30, help="ops listed")
+  p.add_argument("--trace_dir", default="/tmp/xlt_profile_step", help="where the trace goes (TensorBoard/Perfetto)")
+  main(p.parse_args())
