@@ -34,11 +34,10 @@ if __name__ == "__main__":  # as `python -m xlt.main` starts: before jax is impo
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 import compare  # noqa: E402
-from xlt import matmul, model as model_lib, sharding, train as train_lib  # noqa: E402
+from xlt import matmul, model as model_lib, sharding  # noqa: E402
 
 
 XLT = model_lib.causal_attention  # bound now: the benchmark swaps the module's attribute
@@ -93,9 +92,7 @@ VARIANTS = {"xlt": XLT, "mask_select": mask_select, "one_chunk": one_chunk,
 
 
 def main(a):
-  tx = train_lib.make_optimizer(ml_collections.ConfigDict(compare.OPT))
   mesh = sharding.make_mesh({"data": -1})
-  rng = np.random.default_rng(0)
   jobs = {j["name"]: j for j in compare.plan() if j["kind"] == "train"}
   unknown = set(a.jobs.split(",")) - set(jobs)
   if unknown:
@@ -110,17 +107,14 @@ def main(a):
     job = jobs[name]
     model, t = dict(job["model"]), a.seq or job["seq"]
     model["block_size"] = max(model["block_size"], t)
-    cfg, b = model_lib.Config(**model), job["batch"]
-    batch = {"tokens": rng.integers(0, cfg.vocab_size, (1, b, t + 1)).astype(np.int32),
-             "loss_mask": np.ones((1, b, t), np.float32)}
-    abstract = jax.eval_shape(lambda: train_lib.init_state(cfg, tx, [0]))
+    cfg = model_lib.Config(**model)
     runs = {}
     for variant in variants:
       model_lib.causal_attention = VARIANTS[variant]  # read when the step is traced (its first call below)
       try:
-        step, st_sh = train_lib.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract)[:2]
+        # the same seed for every variant: the same initial state and batch
+        step, state, batch = compare.single_model_step(cfg, job["batch"], t, mesh, np.random.default_rng(0))
         with jax.set_mesh(mesh):
-          state = jax.jit(lambda s: train_lib.init_state(cfg, tx, s), out_shardings=st_sh)(np.arange(1))
           state, metrics = step(state, batch)
           state, _ = step(state, batch)  # a second warm-up step
         print(f"<!-- {name} {variant}: first loss {float(np.asarray(metrics['loss'])[0]):.6f} -->", flush=True)

@@ -144,6 +144,27 @@ def median_seconds(fn, warmup: int, steps: int, min_seconds: float = 0.0, max_st
   return statistics.median(times)
 
 
+def single_model_step(cfg, batch: int, seq: int, mesh, rng):
+  """One model's jitted xlt training step (compare.py's optimizer, the state donated), its
+  initial state and a random batch of `batch` x `seq` tokens, as the xlt worker times a
+  training job; for the benchmarks that look inside one step (attention.py, profile_step.py).
+  The step is traced at its first call."""
+  import jax
+  import ml_collections
+  import numpy as np
+
+  from xlt import sharding, train as train_lib
+
+  tx = train_lib.make_optimizer(ml_collections.ConfigDict(OPT))
+  abstract = jax.eval_shape(lambda: train_lib.init_state(cfg, tx, [0]))
+  step, st_sh = train_lib.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract)[:2]
+  with jax.set_mesh(mesh):
+    state = jax.jit(lambda s: train_lib.init_state(cfg, tx, s), out_shardings=st_sh)(np.arange(1))
+  tokens = {"tokens": rng.integers(0, cfg.vocab_size, (1, batch, seq + 1)).astype(np.int32),
+            "loss_mask": np.ones((1, batch, seq), np.float32)}
+  return step, state, tokens
+
+
 def allocator() -> str:
   """The malloc this process runs on, from its memory map."""
   with open("/proc/self/maps") as f:

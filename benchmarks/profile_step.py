@@ -69,29 +69,25 @@ def hlo_ops(hlo: str) -> dict[str, dict]:
     if m and current is not None:
       current.append(m.groups())
 
-  def flops_in(body) -> int:
-    types = {name: typ for name, typ, *_ in body}
-    total = 0
-    for name, typ, opcode, operands, attrs in body:
-      if opcode == "dot":
-        lhs = operands.split(",")[0].strip().split()[-1].lstrip("%")
-        total += _dot_flops(typ, types.get(lhs), attrs)
-    return total
+  types = {comp: {name: typ for name, typ, *_ in body} for comp, body in computations.items()}
+
+  def flops(comp, typ, opcode, operands, attrs) -> int:
+    """2·M·N·K of a `dot` in computation `comp` (its left operand's type defined there)."""
+    if opcode != "dot":
+      return 0
+    lhs = operands.split(",")[0].strip().split()[-1].lstrip("%")
+    return _dot_flops(typ, types[comp].get(lhs), attrs)
 
   ops = {}
-  for body in computations.values():
-    inner = {name: (typ, opcode, operands, attrs) for name, typ, opcode, operands, attrs in body}
-    for name, (typ, opcode, operands, attrs) in inner.items():
+  for comp, body in computations.items():
+    for name, typ, opcode, operands, attrs in body:
       called = re.search(r"calls=%?([\w.\-]+)", attrs)
-      if opcode == "dot":
-        lhs = operands.split(",")[0].strip().split()[-1].lstrip("%")
-        flops = _dot_flops(typ, inner.get(lhs, (None,))[0], attrs)
-      elif called and called.group(1) in computations and opcode in ("fusion", "custom-call"):
-        flops = flops_in(computations[called.group(1)])
+      if called and called.group(1) in computations and opcode in ("fusion", "custom-call"):
+        total = sum(flops(called.group(1), *instr[1:]) for instr in computations[called.group(1)])
       else:
-        flops = 0
+        total = flops(comp, typ, opcode, operands, attrs)
       where = re.search(r'op_name="([^"]*)"', attrs)
-      ops[name] = {"flops": flops, "where": where.group(1) if where else ""}
+      ops[name] = {"flops": total, "where": where.group(1) if where else ""}
   return ops
 
 
@@ -147,31 +143,25 @@ def report(times_us: collections.Counter, ops: dict[str, dict], per: float, top:
 
 def main(a):
   import jax
-  import ml_collections
   import numpy as np
 
   import compare
-  from xlt import model as model_lib, sharding, train as train_lib
+  from xlt import model as model_lib, sharding
 
   jobs = {j["name"]: j for j in compare.plan() if j["kind"] == "train"}
   if a.job not in jobs:
     raise SystemExit(f"unknown job {a.job!r}; training jobs: {sorted(jobs)}")
   job = jobs[a.job]
-  tx = train_lib.make_optimizer(ml_collections.ConfigDict(compare.OPT))
   mesh = sharding.make_mesh({"data": -1})
-  cfg, b, t = model_lib.Config(**job["model"]), job["batch"], job["seq"]
-  rng = np.random.default_rng(0)
-  batch = {"tokens": rng.integers(0, cfg.vocab_size, (1, b, t + 1)).astype(np.int32),
-           "loss_mask": np.ones((1, b, t), np.float32)}
-  abstract = jax.eval_shape(lambda: train_lib.init_state(cfg, tx, [0]))
-  step, st_sh = train_lib.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract)[:2]
+  step, state, batch = compare.single_model_step(model_lib.Config(**job["model"]), job["batch"], job["seq"],
+                                                 mesh, np.random.default_rng(0))
   with jax.set_mesh(mesh):
-    state = jax.jit(lambda s: train_lib.init_state(cfg, tx, s), out_shardings=st_sh)(np.arange(1))
-    ops = hlo_ops(step.lower(state, batch).compile().as_text())
+    compiled = step.lower(state, batch).compile()  # run below as compiled, so its HLO is the one traced
+    ops = hlo_ops(compiled.as_text())
 
     def one():
       nonlocal state
-      state, _ = step(state, batch)
+      state, _ = compiled(state, batch)
       jax.block_until_ready(state)
 
     for _ in range(3):

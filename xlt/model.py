@@ -137,10 +137,10 @@ def causal_attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p
   position: the same values, without the masked scores above the diagonal
   (xlt.matmul.causal_query_chunks says how many pay)."""
   t = q_BxHxTxK.shape[2]
-  if query_chunks > 1 and k_BxHxSxK.shape[2] != t:
-    raise ValueError(f"query_chunks={query_chunks} needs self-attention from position 0 (as many keys as "
-                     f"queries); got {t} queries and {k_BxHxSxK.shape[2]} keys")
   if query_chunks > 1:
+    if k_BxHxSxK.shape[2] != t:
+      raise ValueError(f"query_chunks={query_chunks} needs self-attention from position 0 (as many keys as "
+                       f"queries); got {t} queries and {k_BxHxSxK.shape[2]} keys")
     bounds = [round(t * i / query_chunks) for i in range(query_chunks + 1)]
     return jnp.concatenate(
         [_attention(q_BxHxTxK[:, :, lo:hi], k_BxHxSxK[:, :, :hi], v_BxHxSxK[:, :, :hi], mask_TxS[lo:hi, :hi], drop)
