@@ -1,10 +1,10 @@
-"""xlt.fileio: a write is all or nothing."""
+"""xlt.merge.fileio: a write is all or nothing."""
 
 import os
 
 import pytest
 
-from xlt import fileio
+from xlt.merge import fileio
 
 
 def test_write_replaces_whole_file_and_leaves_no_temporary(tmp_path):

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from xlt import merge
-from xlt.merge import combine, core, naming
+from xlt import paths as naming
+from xlt.merge import combine, core
 from xlt.merge.maet import tensor_similarity  # xlt.merge.maet is the function
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

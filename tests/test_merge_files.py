@@ -12,7 +12,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from xlt import merge
-from xlt.merge import files, naming
+from xlt import paths as naming
+from xlt.merge import files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}

@@ -23,7 +23,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from xlt import distributed, fileio
+from xlt import distributed
+from xlt.merge import fileio
 
 
 def manager(directory: str, max_to_keep: int = 2) -> ocp.CheckpointManager:

@@ -6,7 +6,7 @@ Parameters are a plain nested dict whose paths name the block and the module kin
   wte, wpe, ln_f, lm_head,
   block_{i}/{ln_1, attn/{qkv, proj}, ln_2, mlp/{fc, proj}}
 
-so a parameter partition or a layer swap is a function of the path (`path_info`).
+so a parameter partition or a layer swap is a function of the path (`xlt.paths.path_info`).
 (`wpe` exists only with `pos_embedding="learned"`; RoPE has no position parameters.)
 Every parameter carries logical axis names (`embed`, `heads`, `mlp`, `vocab`, ...); the
 config's sharding rules map them onto mesh axes (xlt.sharding).
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from xlt import matmul
-from xlt.merge import naming
+from xlt import paths
 
 
 DROPOUT_BITS = 16  # random bits per entry of a dropout mask (xlt.model.dropout)
@@ -315,7 +315,6 @@ def count_params(params) -> int:
   return sum(x.size for x in jax.tree.leaves(params))
 
 
-# (block index or None, module kind) of a parameter path (a jax key path or a tuple of
-# names): kinds embedding (wte, wpe), attn, mlp, norm (ln_1, ln_2), head (ln_f, lm_head). The
-# rule lives with the merge library, which must read xlt's paths without importing the model.
-path_info = naming.xlt_block_kind
+# (block index or None, module kind) of a parameter path: the rule lives in xlt.paths, which
+# the model, the partitions and the merge library all read
+path_info = paths.path_info

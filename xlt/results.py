@@ -19,7 +19,8 @@ import os
 
 import numpy as np
 
-from xlt import distributed, fileio
+from xlt import distributed
+from xlt.merge import fileio
 
 FIELDS = ("experiment", "task", "language", "role", "condition", "metric", "mean", "std", "seeds",
           "samples", "values")

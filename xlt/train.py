@@ -26,7 +26,7 @@ from xlt import lora as lora_lib
 from xlt import model as model_lib
 from xlt import neurons as neurons_lib
 from xlt import sharding
-from xlt.merge.naming import path_names
+from xlt.paths import path_names
 
 # {"step": int32[E], "params": tree, "opt_state": tree, "active": bool[E]}, and with dropout
 # "dropout_key": uint32[E, 2] (each member's key data)

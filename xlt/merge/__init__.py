@@ -22,7 +22,7 @@ from xlt.merge.combine import dare, magnitude_weights, soup, sparsify_rows, task
 from xlt.merge.core import check_compatible, delta, mean_abs_rows
 from xlt.merge.maet import maet
 from xlt.merge.files import load, merge_files, save
-from xlt.merge.naming import HF, XLT, Naming, from_rule, naming_for, path_names, path_str
+from xlt.paths import HF, XLT, Naming, from_rule, naming_for, path_names, path_str
 from xlt.merge.swap import layer_swap, swap_plan
 
 __all__ = [

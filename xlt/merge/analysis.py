@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from xlt import fileio
+from xlt.merge import fileio
 from xlt.merge import core
-from xlt.merge.naming import XLT, Naming, path_str
+from xlt.paths import XLT, Naming, path_str
 
 _KIND_ORDER = ("attn", "mlp", "norm")  # the paper's columns: attention left, MLP right
 _NON_BLOCK_ORDER = ("embedding", "head")  # input end first, drawn at the bottom

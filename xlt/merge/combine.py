@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 
 from xlt.merge import core
-from xlt.merge.naming import XLT, Naming, path_str
+from xlt.paths import XLT, Naming, path_str
 
 
 def _expert_names(n: int) -> list[str]:

@@ -23,8 +23,8 @@ import struct
 
 import numpy as np
 
-from xlt import fileio
-from xlt.merge import analysis, combine, core, naming as naming_lib, swap
+from xlt import paths as naming_lib
+from xlt.merge import analysis, combine, core, fileio, swap
 from xlt.merge.maet import maet as _maet  # xlt.merge.maet is the function
 
 try:  # bfloat16 as numpy knows it (a jax dependency)

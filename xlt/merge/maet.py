@@ -44,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 from xlt.merge import core
-from xlt.merge.naming import XLT, Naming, path_str
+from xlt.paths import XLT, Naming, path_str
 
 SIMILARITIES = ("cosine", "dot")
 

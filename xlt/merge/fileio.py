@@ -1,6 +1,6 @@
 """Atomic file writes: a file xlt writes is either its old self or complete, never torn.
 
-Standard library only, so every part of xlt (the pure merge library included) can use it.
+Standard library only: it lives in the pure merge library, and every part of xlt uses it.
 """
 
 from __future__ import annotations

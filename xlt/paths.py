@@ -1,5 +1,7 @@
-"""How a checkpoint format names its parameters: which block a path belongs to, what
-kind of module it is, and which axes of a tensor index its *rows* (neurons).
+"""The parameter-path vocabulary every part of xlt shares (the model, partitions, LoRA, neuron
+masks and the merge library): how a checkpoint format names its parameters, which block a
+path belongs to, what kind of module it is, and which axes of a tensor index its *rows*
+(neurons). It imports nothing of xlt, so the merge library stays pure.
 
 Every merge in xlt.merge reads paths only through a `Naming`, so another format (say
 Hugging Face's flat `model.layers.{i}.self_attn.q_proj.weight` keys) is one more small
@@ -96,8 +98,7 @@ _BLOCK = re.compile(r"block_(\d+)$")
 
 
 def xlt_block_kind(path) -> tuple[int | None, str]:
-  """(block index or None, kind) of an xlt GPT parameter path; the rule of
-  `xlt.model.path_info`, which may import it from here.
+  """(block index or None, kind) of an xlt GPT parameter path (`path_info`).
 
   kinds: embedding (wte, wpe), head (ln_f, lm_head), and inside block_{i}: attn, mlp,
   or norm (ln_1, ln_2).
@@ -137,6 +138,9 @@ def xlt_local_name(path) -> str:
 
 
 XLT = Naming("xlt", xlt_block_kind, xlt_row_axes, xlt_local_name)
+
+# what model.py, partition.py and the merges call a path's (block, kind)
+path_info = xlt_block_kind
 
 
 # ---- Hugging Face checkpoints: flat dotted keys, torch layouts
