@@ -44,7 +44,7 @@ XLT = model_lib.causal_attention  # bound now: the benchmark swaps the module's 
 
 
 def mask_select(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p, query_chunks=1):
-  """xlt's attention until 2026-11-25: the mask a select, every score computed."""
+  """xlt's former attention: the mask a select, every score computed."""
   del query_chunks
   dt = q_BxHxTxK.dtype
   att = jnp.where(mask_TxS, matmul.attention_scores(q_BxHxTxK, k_BxHxSxK).astype(jnp.float32), -1e30)

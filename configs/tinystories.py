@@ -1,59 +1,20 @@
 """Table 4 (TinyStories language mixing), scaled-down proxy for a 2-core CPU.
 
-  python -m xlt.main --config=configs/tinystories.py --workdir=/tmp/xlt_text
+  python -m xlt.main --config=configs/tinystories.py --workdir=runs/tinystories
 
 Reference (Table 4, Czech test perplexity, GPT-Neo 4 layers x 768, vocab 30k, full TinyStories):
 English-only 3.94 (English ppl); Czech-only limited (10%) 28.67 ± 1.3; Czech-only full 5.65;
 mixed (10% Czech + English) 8.72 ± 1.2: +69.6% = (28.67 - 8.72) / 28.67. The full setup is
-configs/tinystories_reference.py.
+configs/tinystories_reference.py; a translated pair, configs/tinystories_en_de.py.
 
-Proxy (see xlt/data/corpus.py's docstring, "Proxy corpora"): neither reference corpus is on this
-machine, so high = real TinyStories stories (English, lowercased) and low = Russian
-TinyStories-style stories. Russian is, like Czech, a Slavic language (rich inflection, free word
-order), same story domain; but it is written natively (not translated) and in Cyrillic, which
-shares no letters with English, so transfer through shared subwords is understated.
-Both corpora are capped at their first 1,600 stories (equal counts, as a translated pair):
-20% held out (64 validation stories for early stopping, ~256 test stories), ~1,280 train
-stories per language, limited = 10% of them (~126 Russian stories). Why capped: with all 5,478
-English stories the mixed model sees its limited Russian only ~1.4 times in the CPU budget; a
-600-step probe at that size (vocab 2,000) had limited-alone still improving (ppl 32) and mixed
-far behind (58). With the cap, limited-alone overfits (best at ~6 epochs) and mixed sees its
-Russian ~3 times. The paths come from `data.shared_dir` ("../shared", tried relative to the working
-directory, then to the repository root) unless `data.high.path` / `data.low.path` are set
-(then the other CorpusSpec fields, e.g. `--config.data.low.format=text`, apply as given).
-
-Scale: GPT with 2 layers, width 128, 4 heads, block 128, one BPE vocab of 1,024 over both
-languages (675k parameters); batch 16; the same 1,000-step budget for every condition (AdamW,
-cosine, peak lr 3e-3); validation every 40 steps, patience 4; each member is tested with its
-best-validation parameters.
-
-Obtained (2026-11-23, commit f87b2d7; mixed and limited seeds 0-2, the others seed 0, 8 members
-as one ensemble; 23.6 min wall, run beside two other experiments on the 2 cores). Rerun with
-xlt/matmul.py at 5814f2d (2026-11-25, an AMD EPYC with 2 cores and AVX-512, nothing else
-running; `/usr/bin/time`): 7.2 min wall, 30,275 train tokens/s, and every figure below the same
-to the digits shown. Rerun at 19f8053 (attention in 2 query chunks at these 128 tokens, its mask
-a fused bias: other float rounding; 2026-11-25 17:48 UTC, a 2-core AMD EPYC with AVX2, about
-half as fast, nothing else running; `/usr/bin/time -v python -m xlt.main
---config=configs/tinystories.py --workdir=/tmp/runs/ts`): 11.5 min wall, 20,361 train tokens/s,
-every figure below again the same to the digits shown:
-
-  | condition   | ru data    | en data      | ru test ppl/token | ru ppl/char  | en test ppl/token |
-  | high_only   | 0%         | 100% (1,277) | 4.06e+07          | 2623         | 13.80             |
-  | low_limited | 10% (126)  | 0%           | 42.53 ± 0.27      | 5.39 ± 0.02  | 6.41e+04          |
-  | low_full    | 100% (1,277)| 0%          | 12.39             | 3.10         | 1.26e+07          |
-  | mixed       | 10% (126)  | 100% (1,277) | 34.50 ± 0.41      | 4.91 ± 0.03  | 14.66 ± 0.04      |
-  transfer improvement (limited - mixed) / limited = +18.9% (reference +69.6%).
-
-The ordering matches the reference (full < mixed < limited); the gap is smaller. limited-alone
-peaked at step 120 and was stopped at 280; every mixed seed was still improving at step 1,000
-(best step = last). A longer budget does not widen the gap: with 3,000 steps (cosine over
-3,000, limited and mixed only; `--config.train.steps=3000
---config.conditions="('low_limited','mixed')"`, 5814f2d, 13.7 min wall, much of it beside the
-test suite) the mixed members stopped early at steps 1,200-1,440 (best validation at
-1,040-1,280) with Russian ppl 34.79 ± 1.17 against limited 42.56 ± 0.27: +18.3%. (An earlier
-1-seed run gave +18.0%.)
-Token perplexities are not comparable to the reference's (vocab 1,024 vs 30,000, another
-language, a 50x smaller model). The translated-pair proxy is configs/tinystories_en_de.py.
+Proxy (xlt/data/corpus.py, "Proxy corpora"): high = TinyStories stories (English, lowercased),
+low = Russian TinyStories-style stories, both capped at their first 1,600 stories; limited =
+10% of the ~1,280 Russian train stories. The paths come from `data.shared_dir` ("../shared")
+unless `data.high.path` / `data.low.path` are set. Scale: 2 layers, width 128, 4 heads, block
+128, one BPE vocab of 1,024 over both languages; batch 16; 1,000 steps for every condition;
+validation every 40 steps, patience 4. Token perplexities are not comparable to the reference's.
+Why the cap and the proxy: docs/experiments.md.
+xlt's latest figures: results/tinystories.json, docs/results.md.
 """
 
 import ml_collections

@@ -1,33 +1,22 @@
 """Table 4 (TinyStories language mixing), the full reference setup: needs the corpora and a GPU.
 
-  python -m xlt.main --config=configs/tinystories_reference.py --workdir=/tmp/ts_ref \
+  python -m xlt.main --config=configs/tinystories_reference.py --workdir=runs/ts_ref \
       --config.data.high.path=/data/tinystories_en.txt \
       --config.data.low.path=/data/tinystories_cs.txt
 
 Reference (Table 4, Czech test perplexity): English-only 3.94 (English ppl); Czech-only limited
-(10%) 28.67 ± 1.3; Czech-only full 5.65; mixed (10% Czech + English) 8.72 ± 1.2, +69.6%
-((28.67 - 8.72) / 28.67). Not run here: this machine has neither corpus nor a GPU (the proxy is
-configs/tinystories.py).
+(10%) 28.67 ± 1.3; Czech-only full 5.65; mixed (10% Czech + English) 8.72 ± 1.2, +69.6%.
+Not run yet (results/tinystories_reference.json holds the reference only).
 
 Data: TinyStories English and its Czech translation (Hyner et al., 2024) as .txt files whose
-stories end at <|endoftext|> (for jsonl: `--config.data.high.format=jsonl`, and `.field`). A
-story and its translation must sit at the same index in the two files: the split is by index, so
-a held-out Czech story's English version is in no training set. Both paths default to None; an
-unset path is an error that names the flags above. Splits are packed once to workdir/packed/
-(int32 [N, 513] .npy, ~2 GB per full corpus) and memory-mapped; loss masks are derived per batch.
+stories end at <|endoftext|> (jsonl: `--config.data.high.format=jsonl` and `.field`); a story and
+its translation at the same index in the two files. Both paths default to None (an error naming
+the flags above). Splits are packed once to workdir/packed/ and memory-mapped.
 
-Model and training (paper Table 1, GPT-Neo from HF transformers): 4 layers, 16 heads, width
-768, block 512, tied embeddings (as GPT-Neo), vocab 30,000 (one BPE over both languages), lr
-5e-4 constant, "batch 80, gradient accumulation 16": read as HF's per-device batch 80 x 16
-accumulation = 1,280 sequences per update (`train.batch_size=1280`, `train.grad_accum=16`:
-micro-batches of 80). This model has ~52M parameters (23M of them the tied 30k x 768
-embedding); the paper's Table 1 says ~33M, which no 4 x 768 GPT with a 30k vocabulary reaches
-(perhaps embeddings were not counted). Differences from GPT-Neo: global attention in every layer (GPT-Neo
-alternates global and 256-token local attention), GELU MLP 4x, no dropout. 3 seeds for mixed
-(the paper's ± is over mixed runs), 1 for the others. The paper gives no step count: 3,000
-updates (~2B tokens per model, ~4 epochs of English) with early stopping on validation
-perplexity is our choice. All members train as one ensemble (6 x ~52M parameters with Adam
-state: ~5 GB, plus micro-batch activations); members that stopped early drop out of the step.
+Model and training (paper Table 1, GPT-Neo): 4 layers, 16 heads, width 768, block 512, tied
+embeddings, vocab 30,000, lr 5e-4 constant, 1,280 sequences per update (`train.batch_size=1280`,
+`train.grad_accum=16`), 3 seeds for mixed, 3,000 updates with early stopping (our choice: the
+paper gives no step count). ~52M parameters, not the paper's ~33M: docs/experiments.md.
 """
 
 import importlib.util

@@ -108,9 +108,9 @@ def test_rows_are_output_units():
   np.testing.assert_array_equal(merge.XLT.rows(("block_0", "attn", "qkv", "bias"), np.ones((3, H, K))),
                                 np.ones((1, 3 * H * K)))
   assert merge.XLT.rows(("ln_f", "scale"), np.ones(D)).shape == (1, D)
-  for path, x in ((("block_0", "mlp", "fc", "kernel"), x), (("block_0", "attn", "proj", "kernel"), proj),
+  for path, a in ((("block_0", "mlp", "fc", "kernel"), x), (("block_0", "attn", "proj", "kernel"), proj),
                   (("block_0", "attn", "qkv", "kernel"), qkv)):
-    np.testing.assert_array_equal(merge.XLT.from_rows(path, merge.XLT.rows(path, x), x.shape), x)
+    np.testing.assert_array_equal(merge.XLT.from_rows(path, merge.XLT.rows(path, a), a.shape), a)
   assert merge.XLT.local_name(("block_12", "attn", "qkv", "kernel")) == "attn/qkv/kernel"
 
 

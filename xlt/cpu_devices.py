@@ -5,11 +5,8 @@ cores by XLA's thread pool; on a 2-core machine that pool kept the cores about 1
 (../shared/PERF.md), and tiny matmuls split over two threads gain little. With two devices
 every step is two independent halves of the batch, one per core, and one all-reduce of the
 gradients (in-process memory, cheap); an ensemble's members take such steps one after
-another (xlt.ensemble, "map"). On this project's 2-core
-machine (an AMD EPYC, 2026-11-23, `benchmarks/compare.py --rounds 3 --one_device`) 2 devices vs 1 trained the graph model 1.13x
-faster at 29 tokens and 1.37x at 128, the addition reference 1.15x, the text proxy 1.09x, the
-smallest step (addition `:cpu`) 0.98x, and decoded 1.39x as many tokens per second. The
-configs' default mesh (`mesh.data=-1`) spans the devices with no change to any config.
+another (xlt.ensemble, "map"). `benchmarks/compare.py --one_device` measures what the two
+devices gain on each training shape and in decoding (docs/speed.md). The configs' default mesh (`mesh.data=-1`) spans the devices with no change to any config.
 
 XLT_CPU_DEVICES sets the count (1 turns this off: one CPU device, as before). The default is
 the number of cores this process may use, rounded down to a power of two (every batch size in
@@ -18,12 +15,12 @@ configs/ divides it) and at most 8 (more was never measured). An XLA_FLAGS that 
 Only the CPU backend reads the flag: on a GPU or TPU host, jax's devices are the accelerators.
 
 Results of a data-parallel step equal the single-device step's to float rounding (the loss
-and gradients are sums over halves of the batch, added in another order); to run as the
-figures measured on one device were run, set XLT_CPU_DEVICES=1.
+and gradients are sums over halves of the batch, added in another order). XLT_CPU_DEVICES=1
+reruns a result that was measured on one device as it was run.
 
 XLT_CPU_CORES (comma-separated core ids) first pins the process to those cores, so the count
-and XLA's thread pool follow them: a grid's point workers and an experiment's member workers
-run so, each on its own cores (xlt.workers.run_pinned; `worker_env` makes their environment).
+and XLA's thread pool follow them: a grid's point workers run so, each on its own cores (xlt.workers.run_pinned;
+`worker_env` makes their environment).
 
 `configure()` must run before jax is imported (`python -m xlt.main` and the benchmarks call it
 first thing).

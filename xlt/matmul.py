@@ -4,9 +4,7 @@ XLA:CPU runs a product that contracts any axis of its left operand but the last 
 fast (YNNPACK) kernels, at about half their speed. Autodiff writes exactly such products for
 a dense layer's weight gradient (x^T dy, contracting the tokens) and for the attention's key
 and value gradients (contracting the query positions). `python benchmarks/matmul.py jax`, its
-"weight gradient" lines: the text proxy's lm_head gradient at ~43 GFLOP/s as autodiff writes
-it, ~75 as `dense` computes it, PyTorch ~81 (in the whole step that product had also become
-a transposed copy of dy and ran at ~21).
+"weight gradient" lines, measure the two forms side by side (figures: docs/speed.md).
 
 Here those gradients transpose the smaller of their two operands into a copy behind
 optimization barriers (`_transposed_product`), so that XLA cannot fold the transpose back
@@ -76,8 +74,7 @@ def mask_bias(mask_TxS):
   """0 where attended, -1e30 where masked, added to the scores. On CPU behind a barrier: XLA
   folds a constant bias back into a select, a pass of its own over the [B, H, T, S] scores;
   as an operand, the add, the row max and the exp fuse into the scores' product
-  (`python benchmarks/attention.py`, graph at 128 tokens, 2026-11-25: 455 ms per step in one
-  chunk against 489 with the select)."""
+  (`python benchmarks/attention.py` measures both; docs/speed.md)."""
   bias_TxS = jnp.where(mask_TxS, 0.0, -1e30).astype(jnp.float32)
   return jax.lax.optimization_barrier(bias_TxS) if _on_cpu() else bias_TxS
 
@@ -86,11 +83,9 @@ def causal_query_chunks(t: int) -> int:
   """Into how many chunks of query positions a causal self-attention over t positions is cut
   (xlt.model.causal_attention): chunk i attends only to the keys up to its last query, so the
   scores above the diagonal that the mask would zero are never computed. On CPU
-  floor(sqrt(t / 32)): `benchmarks/attention.py --seq 512` (graph model, batch 64, 2 CPU
-  devices, 2026-11-25) ran 4 chunks 1.40x one chunk, 3 and 8 chunks as fast as 4, 2 at 0.86x
-  of 4; at 128 tokens 2 chunks ran 1.07x one in one run and tied in another (3 and 4: ties).
-  1 below 128 tokens: at 13-32 tokens 2 chunks cost 2-4% (a scratch A/B), the extra, smaller
-  products costing more than they save. Elsewhere 1: not measured on accelerators."""
+  floor(sqrt(t / 32)), the fastest count `benchmarks/attention.py --seq 512` found (docs/speed.md);
+  1 below 128 tokens, where the extra, smaller products cost more than the skipped scores
+  save. Elsewhere 1: not measured on accelerators."""
   return max(1, math.isqrt(t // 32)) if _on_cpu() else 1
 
 

@@ -8,13 +8,18 @@ and ml_collections for its config), never on the rest of xlt, so it merges any c
 that loads as a pytree. Paths are read through a `Naming` (`XLT` for xlt.model's GPT, `HF` for Hugging
 Face names, `from_rule(path -> (block, kind))` for any other); every merge takes `naming=`.
 
-  naming.py   paths -> (block, kind), and the rows (neurons) of each tensor: XLT, HF, from_rule
+  registry.py every method by name: its inputs (roles), options, paper; `merge`, `describe`
   core.py     structure checks, leaf-wise maps, deltas, row magnitudes
   swap.py     layer swapping with transition zones
   combine.py  soup, magnitude weights, task arithmetic, TIES, DARE, row sparsification
   maet.py     MAET (ability extraction and transfer)
   files.py    safetensors checkpoints read / written one tensor at a time; merges of files
   analysis.py per-block share of changed rows, heatmap
+  fileio.py   atomic file writes
+(xlt/paths.py: paths -> (block, kind) and the rows (neurons) of each tensor: XLT, HF, from_rule.)
+
+Any method by name: `merge.merge("ties", {"base": b, "experts": [t, l]}, {"density": 0.2})`;
+`print(merge.describe())` lists them all; `python -m xlt.merge` runs them on files.
 """
 
 from xlt.merge.analysis import default_threshold, plot_row_change, row_change
@@ -22,11 +27,15 @@ from xlt.merge.combine import dare, magnitude_weights, soup, sparsify_rows, task
 from xlt.merge.core import check_compatible, delta, mean_abs_rows
 from xlt.merge.maet import maet
 from xlt.merge.files import load, merge_files, save
+from xlt.merge import registry
+from xlt.merge.registry import METHODS, Method, describe, merge
 from xlt.paths import HF, XLT, Naming, from_rule, naming_for, path_names, path_str
 from xlt.merge.swap import layer_swap, swap_plan
 
 __all__ = [
-    "HF", "XLT", "Naming", "check_compatible", "dare", "default_threshold", "delta", "from_rule", "layer_swap",
-    "load", "maet", "magnitude_weights", "mean_abs_rows", "merge_files", "naming_for", "path_names", "path_str", "plot_row_change",
-    "row_change", "save", "soup", "sparsify_rows", "swap_plan", "task_arithmetic", "ties",
+    "HF", "METHODS", "Method", "XLT", "Naming", "check_compatible", "dare", "default_threshold",
+    "delta", "describe", "from_rule", "layer_swap", "load", "maet", "magnitude_weights",
+    "mean_abs_rows", "merge", "merge_files", "naming_for", "path_names", "path_str",
+    "plot_row_change", "registry", "row_change", "save", "soup", "sparsify_rows", "swap_plan",
+    "task_arithmetic", "ties",
 ]

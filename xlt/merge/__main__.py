@@ -1,34 +1,84 @@
-"""Merges checkpoint files from a small config (configs/merge_files.py):
+"""Merges checkpoint files with any method of the registry (xlt/merge/registry.py):
 
-  python -m xlt.merge --config=configs/merge_files.py --config.output=runs/swapped
+  python -m xlt.merge --config=configs/merge_files.py --config.method=ties \
+    --config.inputs.base=B --config.inputs.experts=a,b --config.options.density=0.3 \
+    --config.output=out
+  python -m xlt.merge --list_methods     # every method: its inputs, options and paper
 
-The config names the inputs ({role: path}), the method, its options, the naming ("auto",
-"hf" or "xlt") and the output directory, which receives model.safetensors, the delta
-heatmaps (with a base among the inputs) and summary.json.
+`inputs` and `options` take any name on the command line; the registry checks them
+against the method. A list input is comma-separated (or a Python list); option values
+are Python literals (0.3, true, "(0.5, 0.5)") or strings. The output directory receives
+model.safetensors, the delta heatmaps (with a base among the inputs) and summary.json.
+A user error (method, inputs, options, files) is one line `xlt.merge: error: ...` on
+stderr and exit status 2.
 """
 
 import json
 import os
+import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from xlt.merge import files
+from xlt.merge import fileio, files, registry
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "merge config file", lock_config=True)
+# unlocked, accepting new fields: inputs.<role> and options.<name> are whatever the method
+# takes, checked by the registry; the top-level fields are checked in `merge_config`
+_CONFIG = config_flags.DEFINE_config_file("config", None, "merge config file (configs/merge_files.py)",
+                                          lock_config=False, accept_new_attributes=True)
+_LIST = flags.DEFINE_bool("list_methods", False, "print every merge method (inputs, options, paper) and exit")
+FIELDS = ("method", "inputs", "options", "naming", "heatmaps", "output")
+
+
+def inputs_of(method: str, inputs: dict) -> dict:
+  """{role: path or list of paths} of a config's inputs: a list role's "a,b" is split on
+  commas; other values are paths as given (a list for a single role is kept: layer_swap
+  soups it)."""
+  many = {r.name for r in registry.get(method).roles if r.many}
+  out = {}
+  for role, v in inputs.items():
+    if isinstance(v, (list, tuple)):
+      out[role] = [str(p) for p in v]
+    elif role in many:
+      out[role] = [p for p in str(v).split(",") if p]
+    else:
+      out[role] = str(v)
+  return out
+
+
+def merge_config(c) -> dict:
+  """Runs the merge a config describes and writes `c.output`/summary.json; returns the
+  summary."""
+  if unknown := sorted(set(c.keys()) - set(FIELDS)):
+    raise ValueError(f"unknown config field {', '.join(unknown)}; the fields: {', '.join(FIELDS)}")
+  c = c.to_dict() if hasattr(c, "to_dict") else dict(c)
+  options = {k: list(v) if isinstance(v, tuple) else v for k, v in (c.get("options") or {}).items()}
+  summary = files.merge_files(inputs_of(c["method"], c.get("inputs") or {}), c["method"], c["output"], options,
+                              naming=c.get("naming", "auto"), heatmaps=c.get("heatmaps", True))
+  fileio.write_text(os.path.join(c["output"], "summary.json"), json.dumps(summary, indent=1) + "\n")
+  return summary
+
+
+def _fail(error) -> int:
+  print("xlt.merge: error: " + " ".join(str(error).split()), file=sys.stderr)
+  return 2
 
 
 def main(argv):
-  del argv
-  c = _CONFIG.value
-  inputs = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in c.inputs.items()}
-  summary = files.merge_files(inputs, c.method, c.output, dict(c.get("options", {})),
-                              naming=c.get("naming", "auto"), heatmaps=c.get("heatmaps", True))
-  with open(os.path.join(c.output, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=1)
+  if len(argv) > 1:
+    return _fail(f"unexpected arguments {argv[1:]}")
+  if _LIST.value:
+    print(registry.describe())
+    return 0
+  if _CONFIG.value is None:
+    return _fail("--config=configs/merge_files.py is required (or --list_methods)")
+  try:
+    summary = merge_config(_CONFIG.value)
+  except (ValueError, TypeError, OSError) as e:  # the user's: a config, a file
+    return _fail(e)
   print(json.dumps(summary, indent=1))
+  return 0
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config"])
   app.run(main)

@@ -11,6 +11,7 @@ to the base (mergekit's `weight`); `density` is the fraction of delta entries TI
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -22,7 +23,7 @@ def _expert_names(n: int) -> list[str]:
   return [f"expert {i}" for i in range(n)]
 
 
-def soup(experts, weights=None, *, naming: Naming = XLT):
+def soup(experts, weights: Sequence[float] | None = None, *, naming: Naming = XLT):
   """A model soup (Wortsman et al. 2022): the weighted average of the experts.
 
   weights: one non-negative number per expert, normalised to sum to 1; None = uniform
@@ -83,7 +84,7 @@ def _restrict(base, experts, masks, naming, what: str):
       continue
     flat = core.masked_leaves(m, e)
     out.append(core.map_leaves(
-        lambda p, x, b: np.where(core.leaf_mask(p, flat[p], np.shape(x), naming), x, b), e, base))
+        lambda p, x, b, flat=flat: np.where(core.leaf_mask(p, flat[p], np.shape(x), naming), x, b), e, base))
   return out
 
 
@@ -111,7 +112,8 @@ def _add_deltas(base, experts, lambdas, transform, what: str, masks=None, naming
   return core.map_leaves(merge, base, *experts)
 
 
-def task_arithmetic(base, experts, lambdas=1.0, *, masks=None, naming: Naming = XLT):
+def task_arithmetic(base, experts, lambdas: float | Sequence[float] = 1.0, *, masks=None,
+                    naming: Naming = XLT):
   """Task arithmetic (Ilharco et al. 2023): base + sum_i lambda_i (expert_i - base).
 
   lambdas: the scale of each task vector, one float for all or one per expert. 0 leaves
@@ -125,7 +127,8 @@ def task_arithmetic(base, experts, lambdas=1.0, *, masks=None, naming: Naming = 
   return _add_deltas(base, experts, lambdas, lambda i, path, d: d, "task arithmetic", masks, naming)
 
 
-def ties(base, experts, *, density: float = 0.2, lambdas=1.0, masks=None, naming: Naming = XLT):
+def ties(base, experts, *, density: float = 0.2, lambdas: float | Sequence[float] = 1.0, masks=None,
+         naming: Naming = XLT):
   """TIES-merging (Yadav et al. 2023): task arithmetic with interference resolved.
 
   Per tensor:
@@ -179,8 +182,8 @@ def dare_mask(seed: int, expert_index: int, path, shape, drop: float) -> np.ndar
   return rng.random(shape) >= drop
 
 
-def dare(base, experts, *, drop: float = 0.9, seed: int = 0, lambdas=1.0, masks=None,
-         naming: Naming = XLT):
+def dare(base, experts, *, drop: float = 0.9, seed: int = 0, lambdas: float | Sequence[float] = 1.0,
+         masks=None, naming: Naming = XLT):
   """DARE (Yu et al. 2024, "Language models are Super Mario"): Drop And REscale each
   delta, then task arithmetic.
 

@@ -24,8 +24,7 @@ import struct
 import numpy as np
 
 from xlt import paths as naming_lib
-from xlt.merge import analysis, combine, core, fileio, swap
-from xlt.merge.maet import maet as _maet  # xlt.merge.maet is the function
+from xlt.merge import analysis, core, fileio, registry
 
 try:  # bfloat16 as numpy knows it (a jax dependency)
   import ml_dtypes
@@ -82,9 +81,25 @@ def checkpoint_files(path: str) -> list[str]:
 
 
 def _header(file: str) -> dict:
+  """The JSON header of a safetensors file, checked against the file's size: a truncated
+  or foreign file is a ValueError here, before any merge starts."""
+  size = os.path.getsize(file)
   with open(file, "rb") as f:
-    (n,) = struct.unpack("<Q", f.read(8))
-    return json.loads(f.read(n))
+    head = f.read(8)
+    n = struct.unpack("<Q", head)[0] if len(head) == 8 else None
+    if n is None or 8 + n > size:
+      raise ValueError(f"{file} is not a complete safetensors file: {size} bytes, too short for its header")
+    try:
+      header = json.loads(f.read(n))
+    except ValueError as e:
+      raise ValueError(f"{file} is not a safetensors file: its header is not JSON ({e})") from None
+  try:
+    end = max((int(info["data_offsets"][1]) for k, info in header.items() if k != "__metadata__"), default=0)
+  except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+    raise ValueError(f"{file} is not a safetensors file: a tensor's header has no data_offsets") from None
+  if 8 + n + end > size:
+    raise ValueError(f"{file} is truncated: its tensors end at byte {8 + n + end}, the file has {size}")
+  return header
 
 
 def load(path: str, *, lazy: bool = True, nested: bool = False) -> dict:
@@ -135,7 +150,7 @@ def save(tree, file: str, metadata: dict | None = None) -> None:
   raw += b" " * (-len(raw) % 8)  # the format pads the header to a multiple of 8 bytes
   with fileio.atomic_open(file) as f:
     f.write(struct.pack("<Q", len(raw)) + raw)
-    for name, x in leaves:
+    for _, x in leaves:
       a = np.ascontiguousarray(np.asarray(x))
       f.write(a.view(np.uint8).reshape(-1).data if a.size else b"")
       del a
@@ -143,63 +158,52 @@ def save(tree, file: str, metadata: dict | None = None) -> None:
 
 # ---- merging checkpoint files
 
-# method -> the input roles it takes (a role ending in "s" is a list of checkpoints)
-METHODS = {
-    "layer_swap": ("task_expert", "language_expert"),
-    "soup": ("experts",),
-    "task_arithmetic": ("base", "experts"),
-    "ties": ("base", "experts"),
-    "dare": ("base", "experts"),
-    "maet": ("base", "ability_model", "source_language_model", "target_language_models"),
-    "sparsify_rows": ("expert", "base"),
-}
-_FUNCTIONS = {"layer_swap": swap.layer_swap, "soup": combine.soup, "task_arithmetic": combine.task_arithmetic,
-              "ties": combine.ties, "dare": combine.dare, "maet": _maet, "sparsify_rows": combine.sparsify_rows}
-
 
 def merge_files(inputs: dict, method: str, output: str, options: dict | None = None, *,
                 naming: str | naming_lib.Naming = "auto", heatmaps: bool = True) -> dict:
-  """Merges checkpoint files with one of xlt.merge's methods and writes
+  """Merges checkpoint files with one of the registry's methods and writes
   `output`/model.safetensors (+ delta_<role>.png heatmaps of where each fine-tune changed
   the base, when a base is among the inputs); returns a summary dict.
 
-  inputs: {role: checkpoint path or list of paths}: the roles of METHODS[method] (e.g.
-    layer_swap: task_expert, language_expert) and optionally `base` for the heatmaps.
-  options: the method's keyword arguments (layer_swap: bottom, top, ...).
+  inputs: {role: checkpoint path or list of paths}: the method's roles
+    (`registry.describe(method)`; e.g. layer_swap: task_expert, language_expert) and
+    optionally `base` for the heatmaps.
+  options: the method's options (layer_swap: bottom, top, ...); not those that take trees.
   naming: "auto" (the first naming that recognises every name), "hf", "xlt" or a Naming.
+  Every check (method, roles, options, file headers) runs before any tensor is read.
   """
-  if method not in METHODS:
-    raise ValueError(f"unknown merge method {method!r}; known: {', '.join(METHODS)}")
-  roles = METHODS[method]
-  unknown = set(inputs) - set(roles) - {"base"}
-  missing = [r for r in roles if r not in inputs]
-  if missing or unknown:
-    raise ValueError(f"merge method {method} takes inputs {list(roles)} (+ base for heatmaps); "
-                     f"missing {missing}, unknown {sorted(unknown)}")
+  options = dict(options or {})
+  m = registry.get(method)
+  roles = [r.name for r in m.roles]
+  registry.check(method, {r: v for r, v in inputs.items() if r in roles or r != "base"}, options,
+                 trees_allowed=False)
   trees = {r: [load(p) for p in v] if isinstance(v, (list, tuple)) else load(v) for r, v in inputs.items()}
   first = next(iter(trees.values()))
   first = first[0] if isinstance(first, list) else first
   nm = naming_lib.naming_for(list(first), naming)
-  args = [trees[r] for r in roles]
-  if method == "sparsify_rows" and "threshold" not in (options or {}):
-    raise ValueError("sparsify_rows needs options.threshold")
-  merged = _FUNCTIONS[method](*args, **dict(options or {}), naming=nm)
+  merged = registry.merge(method, {r: trees[r] for r in roles}, options, naming=nm)
   os.makedirs(output, exist_ok=True)
   out_file = os.path.join(output, "model.safetensors")
-  save(merged, out_file, {"merge_method": method, "options": json.dumps(dict(options or {}), sort_keys=True)})
+  save(merged, out_file, {"merge_method": method, "options": json.dumps(options, sort_keys=True)})
   del merged
   summary = {"output": out_file, "naming": nm.name, "tensors": len(first),
              "bytes": int(sum(x.nbytes for x in first.values())), "heatmaps": []}
   if heatmaps and "base" in trees:
-    for role in roles:
-      experts = trees[role] if isinstance(trees[role], list) else [trees[role]]
-      for i, expert in enumerate(experts):
-        if role == "base":
-          continue
-        name = role if len(experts) == 1 else f"{role}_{i}"
-        change = analysis.row_change(expert, trees["base"], naming=nm,
-                                     threshold=analysis.default_threshold(expert, trees["base"], naming=nm))
-        png = os.path.join(output, f"delta_{name}.png")
-        analysis.plot_row_change(change, png, title=f"where {name} changed the base")
-        summary["heatmaps"].append(png)
+    summary["heatmaps"] = _heatmaps(trees, [r for r in roles if r != "base"], output, nm)
   return summary
+
+
+def _heatmaps(trees: dict, roles: list[str], output: str, nm: naming_lib.Naming) -> list[str]:
+  """delta_<role>.png (delta_<role>_<i>.png in a list) for every model of `roles`: where
+  it changed trees["base"]."""
+  pngs = []
+  for role in roles:
+    experts = trees[role] if isinstance(trees[role], list) else [trees[role]]
+    for i, expert in enumerate(experts):
+      name = role if len(experts) == 1 else f"{role}_{i}"
+      change = analysis.row_change(expert, trees["base"], naming=nm,
+                                   threshold=analysis.default_threshold(expert, trees["base"], naming=nm))
+      png = os.path.join(output, f"delta_{name}.png")
+      analysis.plot_row_change(change, png, title=f"where {name} changed the base")
+      pngs.append(png)
+  return pngs

@@ -41,6 +41,8 @@ Where this differs from the paper, or the paper leaves a choice:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from xlt.merge import core
@@ -75,12 +77,12 @@ def tensor_similarity(a, b, similarity: str = "cosine") -> float:
 
 
 def maet(base, ability_model, source_language_model, target_language_models, *,
-         alpha: float = 0.8, beta: float = 0.2, mu=None, key_ratio: float = 0.05,
-         tensor_ratio: float = 0.8, gamma: float = 0.2, eta: float = 1.0,
+         alpha: float = 0.8, beta: float = 0.2, mu: float | Sequence[float] | None = None,
+         key_ratio: float = 0.05, tensor_ratio: float = 0.8, gamma: float = 0.2, eta: float = 1.0,
          similarity: str = "cosine", ability_neurons=None, source_neurons=None,
          return_info: bool = False, naming: Naming = XLT):
-  """The MAET merge (module docstring): base + ability weight on the least
-  language-like tensors + the multilingual weight everywhere.
+  """The MAET merge: base + the ability weight on the least language-like tensors + the
+  multilingual weight everywhere (eqs. 1-5 of the module docstring).
 
   Args:
     base: the model all others were trained from (Theta_o).
@@ -110,42 +112,16 @@ def maet(base, ability_model, source_language_model, target_language_models, *,
   """
   targets = core.expert_list(target_language_models, "target_language_models")
   trees = [base, ability_model, source_language_model, *targets]
-  core.check_compatible(trees, ["base", "ability model", "source language model",
-                                *[f"target language model {i}" for i in range(len(targets))]])
-  core.check_range("MAET key_ratio", key_ratio, 0.0, 1.0, low_open=True)
-  core.check_range("MAET tensor_ratio", tensor_ratio, 0.0, 1.0)
-  if similarity not in SIMILARITIES:
-    raise ValueError(f"MAET similarity must be one of {SIMILARITIES}, got {similarity!r}")
+  _check_arguments(trees, key_ratio, tensor_ratio, similarity)
   mu = core.per_expert(1.0 if mu is None else mu, len(targets), "MAET mu")
+  # Deltas are recomputed leaf by leaf in each pass (key rows, eq. 4, eq. 5), so no
+  # whole-model delta is held: memory stays at the inputs plus one leaf's work.
+  keep_ability = _key_neurons(ability_model, base, key_ratio, ability_neurons, naming)
+  keep_source = _key_neurons(source_language_model, base, key_ratio, source_neurons, naming)
+  weights = _leaf_weights(keep_ability, keep_source, alpha, beta, mu, naming)
+  sims, ranking, selected = _select_tensors(trees, weights, tensor_ratio, similarity)
 
-  # Eq. 1. Deltas are recomputed leaf by leaf in each pass (key rows, eq. 4, eq. 5), so
-  # no whole-model delta is held: memory stays at the inputs plus one leaf's work.
-  keep_ability = (key_rows(ability_model, base, key_ratio, naming=naming) if ability_neurons is None
-                  else core.masked_leaves(ability_neurons, base))
-  keep_source = (key_rows(source_language_model, base, key_ratio, naming=naming) if source_neurons is None
-                 else core.masked_leaves(source_neurons, base))
-
-  def weights(path, b, ability, source, *target_leaves):
-    """(R(A), R_Lang) of one leaf: eqs. 2 and 3."""
-    b = core.as_compute(b)
-    shape = b.shape
-    in_source = core.leaf_mask(path, keep_source[path], shape, naming)
-    in_ability = core.leaf_mask(path, keep_ability[path], shape, naming) | in_source
-    r_ability = (alpha * np.where(in_ability, core.as_compute(ability) - b, 0)
-                 - beta * np.where(in_source, core.as_compute(source) - b, 0))
-    r_lang = sum(m * (core.as_compute(t) - b) for m, t in zip(mu, target_leaves))
-    return r_ability.astype(b.dtype), np.asarray(r_lang, b.dtype)
-
-  # Eq. 4: one number per tensor, then the ranking.
-  sims = {}
-  for p, leaves in zip(*_leaves_by_path(trees)):
-    sims[p] = tensor_similarity(*weights(p, *leaves), similarity)
-  paths = list(sims)
-  ranking = [paths[i] for i in np.argsort([-sims[p] for p in paths], kind="stable")]
-  num_selected = core.fraction_count(tensor_ratio, len(paths))
-  selected = set(ranking[len(ranking) - num_selected:])
-
-  def merge(path, b, *rest):
+  def merge(path, b, *rest):  # eq. 5
     r_ability, r_lang = weights(path, b, *rest)
     b = core.as_compute(b)
     if path in selected:
@@ -155,14 +131,63 @@ def maet(base, ability_model, source_language_model, target_language_models, *,
   merged = core.map_leaves(merge, *trees)
   if not return_info:
     return merged
-  info = {"selected": [path_str(p) for p in paths if p in selected],
+  return merged, _info(sims, ranking, selected, keep_ability, keep_source)
+
+
+def _check_arguments(trees, key_ratio, tensor_ratio, similarity):
+  core.check_compatible(trees, ["base", "ability model", "source language model",
+                                *[f"target language model {i}" for i in range(len(trees) - 3)]])
+  core.check_range("MAET key_ratio", key_ratio, 0.0, 1.0, low_open=True)
+  core.check_range("MAET tensor_ratio", tensor_ratio, 0.0, 1.0)
+  if similarity not in SIMILARITIES:
+    raise ValueError(f"MAET similarity must be one of {SIMILARITIES}, got {similarity!r}")
+
+
+def _key_neurons(model, base, key_ratio, neurons, naming) -> dict:
+  """Eq. 1: {path: kept rows} located on the model's delta, or the given neuron masks."""
+  if neurons is None:
+    return key_rows(model, base, key_ratio, naming=naming)
+  return core.masked_leaves(neurons, base)
+
+
+def _leaf_weights(keep_ability, keep_source, alpha, beta, mu, naming):
+  """The function (path, base, ability, source, *targets) -> (R(A), R_Lang) of one leaf:
+  eqs. 2 and 3, the ability delta on N_A u N_L0 and the source delta on N_L0."""
+
+  def weights(path, b, ability, source, *target_leaves):
+    b = core.as_compute(b)
+    shape = b.shape
+    in_source = core.leaf_mask(path, keep_source[path], shape, naming)
+    in_ability = core.leaf_mask(path, keep_ability[path], shape, naming) | in_source
+    r_ability = (alpha * np.where(in_ability, core.as_compute(ability) - b, 0)
+                 - beta * np.where(in_source, core.as_compute(source) - b, 0))
+    r_lang = sum(m * (core.as_compute(t) - b) for m, t in zip(mu, target_leaves))
+    return r_ability.astype(b.dtype), np.asarray(r_lang, b.dtype)
+
+  return weights
+
+
+def _select_tensors(trees, weights, tensor_ratio, similarity):
+  """Eq. 4: ({path: V}, paths most language-like first, the set T of the last
+  `tensor_ratio` of them)."""
+  sims = {}
+  for p, leaves in zip(*_leaves_by_path(trees)):
+    sims[p] = tensor_similarity(*weights(p, *leaves), similarity)
+  paths = list(sims)
+  ranking = [paths[i] for i in np.argsort([-sims[p] for p in paths], kind="stable")]
+  num_selected = core.fraction_count(tensor_ratio, len(paths))
+  return sims, ranking, set(ranking[len(ranking) - num_selected:])
+
+
+def _info(sims, ranking, selected, keep_ability, keep_source) -> dict:
+  """maet's return_info dict: key rows are counted in rows when located here, in entries
+  when given as masks."""
+  return {"selected": [path_str(p) for p in sims if p in selected],
           "ranking": [path_str(p) for p in ranking],
-          "similarity": {path_str(p): sims[p] for p in paths},
-          # rows when located here, entries when given as masks
+          "similarity": {path_str(p): v for p, v in sims.items()},
           "key_rows": {"ability": int(sum(np.sum(k) for k in keep_ability.values())),
                        "source_language": int(sum(np.sum(k) for k in keep_source.values())),
                        "total": int(sum(np.size(k) for k in keep_ability.values()))}}
-  return merged, info
 
 
 def _leaves_by_path(trees):

@@ -1,0 +1,217 @@
+"""xlt.merge.registry: every method by name, its roles and options read from its function,
+the checks of a call, and `python -m xlt.merge` for any method."""
+
+import inspect
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from xlt import merge
+from xlt.merge import core, files, registry
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
+
+
+def tiny(seed: int, blocks: int = 3) -> dict:
+  """An xlt-named tree: an embedding and `blocks` blocks of one mlp kernel and bias."""
+  rng = np.random.default_rng(seed)
+  tree = {"wte": {"embedding": rng.normal(size=(5, 2)).astype(np.float32)}}
+  for b in range(blocks):
+    tree[f"block_{b}"] = {"mlp": {"fc": {"kernel": rng.normal(size=(2, 4)).astype(np.float32),
+                                          "bias": rng.normal(size=(4,)).astype(np.float32)}}}
+  return tree
+
+
+def leaves(tree) -> dict:
+  return {merge.path_str(p): np.asarray(x) for p, x in core.leaves_with_paths(tree)}
+
+
+def test_roles_and_options_are_the_functions_parameters():
+  assert list(registry.METHODS) == ["layer_swap", "soup", "task_arithmetic", "ties", "dare", "maet",
+                                    "sparsify_rows"]
+  hidden = {"maet": {"return_info"}}
+  for name, m in registry.METHODS.items():
+    params = inspect.signature(m.fn).parameters
+    roles = [r.name for r in m.roles]
+    assert list(params)[:len(roles)] == roles, name
+    rest = [p for p in list(params)[len(roles):] if p != "naming" and p not in hidden.get(name, ())]
+    assert [o.name for o in m.options] == rest, name
+    for o in m.options:
+      p = params[o.name]
+      assert o.default is p.default and o.required == (p.default is inspect.Parameter.empty), (name, o)
+      assert o.type == (p.annotation if p.annotation is not inspect.Parameter.empty else ""), (name, o)
+      assert o.help and "\n" not in o.help, (name, o.name)
+    assert m.paper and m.summary, name
+  roles = lambda name: [(r.name, r.many) for r in registry.METHODS[name].roles]
+  assert roles("layer_swap") == [("task_expert", False), ("language_expert", False)]
+  assert roles("soup") == [("experts", True)]
+  assert roles("ties") == roles("dare") == roles("task_arithmetic") == [("base", False), ("experts", True)]
+  assert roles("maet") == [("base", False), ("ability_model", False), ("source_language_model", False),
+                           ("target_language_models", True)]
+  assert roles("sparsify_rows") == [("expert", False), ("base", False)]
+  assert registry.METHODS["sparsify_rows"].option("threshold").required
+  assert [o.name for o in registry.METHODS["layer_swap"].options if o.required] == ["bottom", "top"]
+  ties = registry.METHODS["ties"]
+  assert ties.option("density").default == 0.2 and ties.option("density").type == "float"
+  assert ties.option("density").help.startswith("in (0, 1], the fraction of each delta kept")
+  assert ties.option("masks").tree and "Yadav et al. 2023" in ties.paper
+  assert "Chen et al. 2024" in registry.METHODS["maet"].paper
+
+
+def test_every_method_by_name_equals_its_function():
+  base, t, l, l2 = (tiny(i) for i in range(4))
+  cases = {
+      "layer_swap": ({"task_expert": t, "language_expert": l}, {"bottom": 1, "top": 1},
+                     lambda: merge.layer_swap(t, l, bottom=1, top=1)),
+      "soup": ({"experts": [t, l]}, {"weights": [1.0, 3.0]}, lambda: merge.soup([t, l], [1.0, 3.0])),
+      "task_arithmetic": ({"base": base, "experts": [t, l]}, {"lambdas": 0.5},
+                          lambda: merge.task_arithmetic(base, [t, l], 0.5)),
+      "ties": ({"base": base, "experts": (t, l)}, {"density": 0.5}, lambda: merge.ties(base, [t, l], density=0.5)),
+      "dare": ({"base": base, "experts": [t, l]}, {"drop": 0.5, "seed": 1},
+               lambda: merge.dare(base, [t, l], drop=0.5, seed=1)),
+      "maet": ({"base": base, "ability_model": t, "source_language_model": l, "target_language_models": [l2]},
+               {"key_ratio": 0.5, "tensor_ratio": 0.5},
+               lambda: merge.maet(base, t, l, [l2], key_ratio=0.5, tensor_ratio=0.5)),
+      "sparsify_rows": ({"expert": t, "base": base}, {"threshold": 0.8},
+                        lambda: merge.sparsify_rows(t, base, 0.8)),
+  }
+  assert set(cases) == set(registry.METHODS)  # a new method needs a case here
+  for name, (inputs, options, direct) in cases.items():
+    want = leaves(direct())
+    for naming in (merge.XLT, "auto"):
+      got = leaves(registry.merge(name, inputs, options, naming=naming))
+      assert got.keys() == want.keys(), name
+      for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=f"{name} {k}")
+  # the defaults are the function's
+  np.testing.assert_array_equal(leaves(merge.merge("ties", {"base": base, "experts": [t, l]}))["block_0/mlp/fc/kernel"],
+                                leaves(merge.ties(base, [t, l]))["block_0/mlp/fc/kernel"])
+
+
+@pytest.mark.parametrize("call, message", [
+    (("tie", {}, {}), "unknown merge method 'tie'; known: layer_swap, soup, task_arithmetic, ties, dare, maet, "
+                      "sparsify_rows"),
+    (("ties", {"experts": ["x"]}, {}),
+     r"ties takes inputs base, experts \(list\); missing \['base'\], unknown \[\]"),
+    (("soup", {"experts": ["x"], "base": "b"}, {}),
+     r"soup takes inputs experts \(list\); missing \[\], unknown \['base'\]"),
+    (("soup", {"experts": "x"}, {}), "input experts is a non-empty list of models, got str"),
+    (("soup", {"experts": []}, {}), "input experts is a non-empty list of models, got list"),
+    (("ties", {"base": "b", "experts": ["x"]}, {"drop": 0.1}),
+     "ties has no option drop; its options: density, lambdas, masks"),
+    (("sparsify_rows", {"expert": "e", "base": "b"}, {}), r"sparsify_rows needs option threshold \(no default\)"),
+    (("layer_swap", {"task_expert": "t", "language_expert": "l"}, {"bottom": 1}), "needs option top"),
+    (("ties", {"base": "b", "experts": ["x"]}, {"density": "high"}), "option density must be float, got 'high'"),
+    (("layer_swap", {"task_expert": "t", "language_expert": "l"}, {"bottom": 1.5, "top": 1}),
+     "option bottom must be int"),
+    (("soup", {"experts": ["x"]}, {"weights": [1, "a"]}), r"option weights must be Sequence\[float\] \| None"),
+])
+def test_a_bad_call_is_one_clear_line(call, message):
+  with pytest.raises(ValueError, match=message) as e:
+    registry.check(*call)
+  assert "\n" not in str(e.value)
+
+
+def test_tree_options_are_python_only():
+  base, t = tiny(0), tiny(1)
+  masks = core.map_leaves(lambda p, x: np.ones(np.shape(x), bool), base)
+  registry.check("ties", {"base": base, "experts": [t]}, {"masks": masks})
+  with pytest.raises(ValueError, match="option masks takes a parameter tree, which only a Python call can give"):
+    registry.check("ties", {"base": "b", "experts": ["x"]}, {"masks": masks}, trees_allowed=False)
+  with pytest.raises(ValueError, match="maet has no option return_info"):
+    registry.check("maet", {"base": 0, "ability_model": 0, "source_language_model": 0, "target_language_models": [0]},
+                   {"return_info": True})
+
+
+def test_describe_lists_every_method_role_option_and_paper():
+  text = merge.describe()
+  for m in registry.METHODS.values():
+    assert f"{m.name}: {m.summary}" in text and m.paper in text
+    for o in m.options:
+      assert f"    {o.name} (" in text
+  assert "    experts (list): the fine-tuned models to merge" in text
+  assert "    threshold (float; required): " in text
+  assert "    density (float; default 0.2): in (0, 1], the fraction of each delta kept" in text
+  assert merge.describe("soup").startswith("soup: A model soup (Wortsman et al. 2022)")
+
+
+# ---- the command, on tiny Hugging Face-named files
+
+
+def hf(seed: int) -> dict:
+  rng = np.random.default_rng(seed)
+  tree = {"model.embed_tokens.weight": rng.normal(size=(6, 4)), "model.norm.weight": rng.normal(size=(4,))}
+  for i in range(2):
+    tree[f"model.layers.{i}.mlp.up_proj.weight"] = rng.normal(size=(8, 4))
+    tree[f"model.layers.{i}.input_layernorm.weight"] = rng.normal(size=(4,))
+  return {k: v.astype(np.float32) for k, v in tree.items()}
+
+
+def command(*args, cwd=REPO):
+  return subprocess.run([sys.executable, "-m", "xlt.merge", *args], cwd=cwd, env=ENV, capture_output=True,
+                        text=True, timeout=120)
+
+
+@pytest.fixture
+def checkpoints(tmp_path):
+  trees = {name: hf(i) for i, name in enumerate(("base", "a", "b"))}
+  for name, tree in trees.items():
+    files.save(tree, str(tmp_path / f"{name}.safetensors"))
+  return trees, {name: str(tmp_path / f"{name}.safetensors") for name in trees}
+
+
+@pytest.mark.parametrize("method", ["ties", "soup"])
+def test_command_runs_any_method(tmp_path, checkpoints, method):
+  trees, paths = checkpoints
+  out = tmp_path / "out"
+  args = [f"--config.inputs.experts={paths['a']},{paths['b']}", f"--config.output={out}"]
+  if method == "ties":
+    args += [f"--config.inputs.base={paths['base']}", "--config.options.density=0.3", "--config.options.lambdas=0.5,1"]
+    want = merge.ties(trees["base"], [trees["a"], trees["b"]], density=0.3, lambdas=[0.5, 1.0], naming=merge.HF)
+  else:
+    args += ["--config.options.weights=(1, 3)", "--config.heatmaps=false"]
+    want = merge.soup([trees["a"], trees["b"]], [1, 3])
+  r = command("--config=configs/merge_files.py", f"--config.method={method}", *args)
+  assert r.returncode == 0, r.stderr
+  got = load_file(str(out / "model.safetensors"))
+  assert sorted(got) == sorted(want)
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  assert (out / "summary.json").exists()
+  assert (out / "delta_experts_0.png").exists() == (method == "ties")
+
+
+def test_command_user_errors_are_one_line_and_exit_2(tmp_path, checkpoints):
+  _, paths = checkpoints
+  r = command("--config=configs/merge_files.py", "--config.method=tie", f"--config.output={tmp_path / 'o'}")
+  assert r.returncode == 2 and r.stdout == ""
+  assert r.stderr.splitlines() == ["xlt.merge: error: unknown merge method 'tie'; known: layer_swap, soup, "
+                                   "task_arithmetic, ties, dare, maet, sparsify_rows"]
+  with open(paths["a"], "rb") as f:  # a copy cut short inside its tensor data
+    data = f.read()
+  (tmp_path / "cut.safetensors").write_bytes(data[:-10])
+  r = command("--config=configs/merge_files.py", "--config.method=soup",
+              f"--config.inputs.experts={tmp_path / 'cut.safetensors'}", f"--config.output={tmp_path / 'o'}")
+  assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+  assert r.stderr.startswith("xlt.merge: error: ") and "cut.safetensors is truncated" in r.stderr
+  assert not (tmp_path / "o").exists()
+  r = command("--list_methods")
+  assert r.returncode == 0 and r.stdout.strip() == merge.describe()
+
+
+def test_truncated_or_foreign_files_fail_on_load(tmp_path, checkpoints):
+  _, paths = checkpoints
+  data = open(paths["a"], "rb").read()
+  for cut, message in ((4, "not a complete safetensors file"), (100, "not a complete safetensors file"),
+                       (len(data) - 1, "is truncated: its tensors end at byte")):
+    (tmp_path / "x.safetensors").write_bytes(data[:cut])
+    with pytest.raises(ValueError, match=message):
+      files.load(str(tmp_path / "x.safetensors"))
+  (tmp_path / "x.safetensors").write_bytes(b"\x04\x00\x00\x00\x00\x00\x00\x00{{{{")
+  with pytest.raises(ValueError, match="header is not JSON"):
+    files.load(str(tmp_path / "x.safetensors"))
