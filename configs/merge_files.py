@@ -9,9 +9,11 @@ swapping two fine-tunes of one base (Bandarkar et al. 2024, Algorithm 1):
 Other methods: --config.method=ties --config.inputs.experts=a,b --config.options.density=0.3
 (`python -m xlt.merge --list_methods` lists every method's inputs and options). Each
 input is a .safetensors file or a directory of shards; `base` is optional where the
-method does not take it, and then only draws the heatmaps. The output directory gets
-model.safetensors, delta_<input>.png (the share of rows each fine-tune changed, per block
-and tensor: the paper's figure 2) and summary.json.
+method does not take it, and then only draws the heatmaps. The output directory is a
+Hugging Face model directory (config.json and tokenizer files from an input that has them,
+safetensors with an index above max_shard_size, README.md), with delta_<input>.png (the
+share of rows each fine-tune changed, per block and tensor: the paper's figure 2) and
+summary.json.
 """
 
 import ml_collections
@@ -24,5 +26,8 @@ def get_config():
   c.options = ml_collections.ConfigDict()  # the method's options (paper defaults for 32 blocks: bottom=5, top=2)
   c.naming = "auto"  # hf (model.layers.{i}..., transformer.h.{i}...) or xlt, found from the names
   c.heatmaps = True
-  c.output = "runs/merged"
+  c.output = "runs/merged"  # a Hugging Face model directory, replaced only once the new one is complete
+  c.config_from = ""  # the input (role) whose config.json and tokenizer to copy; default: base, else the first
+  c.max_shard_size = "5GB"  # safetensors shards above this, with model.safetensors.index.json
+  c.dtype = ""  # e.g. bfloat16: cast floating tensors as they are written; default: keep each tensor's
   return c

@@ -13,7 +13,7 @@ from safetensors.numpy import load_file
 
 from xlt import merge
 from xlt import paths as naming
-from xlt.merge import files
+from xlt.merge import files, tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
@@ -132,9 +132,9 @@ def test_merge_command_writes_swap_and_heatmaps(tmp_path):
 def test_unrecognised_checkpoint_and_bad_inputs_fail_clearly(tmp_path):
   files.save({"encoder.blocks.0.weight": np.ones((2, 2), np.float32)}, str(tmp_path / "odd.safetensors"))
   with pytest.raises(ValueError, match="'encoder.blocks.0.weight': no naming rule recognises it"):
-    files.merge_files({"experts": [str(tmp_path / "odd.safetensors")]}, "soup", str(tmp_path / "o"))
+    tool.merge_files({"experts": [str(tmp_path / "odd.safetensors")]}, "soup", str(tmp_path / "o"))
   with pytest.raises(ValueError, match="missing \\['language_expert'\\]"):
-    files.merge_files({"task_expert": "x"}, "layer_swap", str(tmp_path / "o"))
+    tool.merge_files({"task_expert": "x"}, "layer_swap", str(tmp_path / "o"))
   with pytest.raises(FileNotFoundError, match="does not exist"):
     files.load(str(tmp_path / "nothing.safetensors"))
 
@@ -143,7 +143,7 @@ PEAK = textwrap.dedent("""
   import json, sys
   import numpy as np
   import safetensors
-  from xlt.merge import files
+  from xlt.merge import tool
   directory, method = sys.argv[1], sys.argv[2]
 
   def kib(field):
@@ -156,7 +156,7 @@ PEAK = textwrap.dedent("""
             if method == "layer_swap" else
             {"base": directory + "/a.safetensors", "experts": [directory + "/b.safetensors"] * 2})
   options = {"bottom": 2, "top": 1, "lower_transition": 1} if method == "layer_swap" else {}
-  files.merge_files(inputs, method, directory + "/out", options, heatmaps=False)
+  tool.merge_files(inputs, method, directory + "/out", options, heatmaps=False)
   print(json.dumps({"grew_kib": kib("VmHWM") - before}))
 """)
 

@@ -9,6 +9,8 @@ import json
 import os
 import shutil
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +18,8 @@ from safetensors import safe_open
 
 from xlt.merge import files, hf
 
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "hf")
 FAMILIES = ("llama", "llama_b", "qwen2", "gpt2")
 
 
@@ -341,3 +344,53 @@ def test_transformers_loads_a_merge_with_the_merged_weights(tmp_path, shard_byte
   assert np.abs(want - np.load(os.path.join(fixture("llama"), "logits.npy"))).max() > 0.1
   tok = transformers.AutoTokenizer.from_pretrained(out)  # the copied tokenizer loads too
   assert tok("w1 w2")["input_ids"][-2:] == [5, 6]
+
+
+# ---- a file merge writes such a directory (xlt.merge.tool, python -m xlt.merge)
+
+
+def test_file_merge_writes_a_model_directory_from_its_hf_input(tmp_path):
+  from xlt.merge import registry, tool
+  out = str(tmp_path / "ties")
+  inputs = {"base": fixture("llama"), "experts": [fixture("llama_b"), fixture("llama")]}
+  summary = tool.merge_files(inputs, "ties", out, {"density": 0.5}, heatmaps=False, max_shard_bytes=12_000)
+  assert summary["config_from"] == fixture("llama")
+  cfg, got = hf.read_model_dir(out)
+  assert cfg["model_type"] == "llama" and os.path.exists(os.path.join(out, "tokenizer.json"))
+  assert all(header(os.path.join(out, f))["__metadata__"]["format"] == "pt"
+             for f in os.listdir(out) if f.endswith(".safetensors"))
+  trees = {"base": hf.read_model_dir(fixture("llama"))[1],
+           "experts": [hf.read_model_dir(fixture("llama_b"))[1], hf.read_model_dir(fixture("llama"))[1]]}
+  want = registry.merge("ties", trees, {"density": 0.5}, naming="hf")
+  assert_same_tensors(got, {k: np.asarray(v) for k, v in want.items()})
+  assert "ties" in open(os.path.join(out, hf.CARD)).read()
+
+
+def test_file_merge_of_bare_files_writes_weights_and_card_only(tmp_path):
+  from xlt.merge import tool
+  _, a = hf.read_model_dir(fixture("gpt2"))
+  files.save({k: np.asarray(v) for k, v in a.items()}, str(tmp_path / "a.safetensors"))
+  out = str(tmp_path / "soup")
+  summary = tool.merge_files({"experts": [str(tmp_path / "a.safetensors")] * 2}, "soup", out, heatmaps=False)
+  assert summary["config_from"] is None and not os.path.exists(os.path.join(out, hf.CONFIG))
+  assert header(os.path.join(out, hf.SINGLE))["__metadata__"]["format"] == "pt"
+  assert_same_tensors(files.load(os.path.join(out, hf.SINGLE)), {k: np.asarray(v) for k, v in a.items()})
+
+
+def test_transformers_loads_a_command_line_merge_with_the_in_memory_logits(tmp_path):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from xlt.merge import registry
+  out = str(tmp_path / "ta")
+  cmd = [sys.executable, "-m", "xlt.merge", "--config=" + os.path.join(ROOT, "configs", "merge_files.py"),
+         "--config.method=task_arithmetic", f"--config.inputs.base={fixture('llama')}",
+         f"--config.inputs.experts={fixture('llama_b')}", "--config.options.lambdas=0.5",
+         f"--config.output={out}", "--config.heatmaps=false"]
+  run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+  assert run.returncode == 0, run.stderr
+  trees = {"base": hf.read_model_dir(fixture("llama"))[1], "experts": [hf.read_model_dir(fixture("llama_b"))[1]]}
+  want = registry.merge("task_arithmetic", trees, {"lambdas": 0.5}, naming="hf")
+  config = transformers.AutoConfig.from_pretrained(fixture("llama"))
+  reference = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+  reference.load_state_dict({k: torch.from_numpy(np.asarray(x)) for k, x in want.items()}, strict=True)
+  np.testing.assert_allclose(logits(load_hf(out), "llama"), logits(reference, "llama"), rtol=1e-6, atol=1e-6)

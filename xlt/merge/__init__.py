@@ -26,7 +26,8 @@ from xlt.merge.analysis import default_threshold, plot_row_change, row_change
 from xlt.merge.combine import dare, magnitude_weights, soup, sparsify_rows, task_arithmetic, ties
 from xlt.merge.core import check_compatible, delta, mean_abs_rows
 from xlt.merge.maet import maet
-from xlt.merge.files import load, merge_files, save
+from xlt.merge.files import load, save
+from xlt.merge.tool import merge_files
 from xlt.merge import registry
 from xlt.merge.registry import METHODS, Method, describe, merge
 from xlt.paths import HF, XLT, Naming, from_rule, naming_for, path_names, path_str

@@ -7,8 +7,10 @@
 
 `inputs` and `options` take any name on the command line; the registry checks them
 against the method. A list input is comma-separated (or a Python list); option values
-are Python literals (0.3, true, "(0.5, 0.5)") or strings. The output directory receives
-model.safetensors, the delta heatmaps (with a base among the inputs) and summary.json.
+are Python literals (0.3, true, "(0.5, 0.5)") or strings. The output directory is a Hugging
+Face model directory (xlt.merge.tool: config and tokenizer from an input that has them,
+safetensors shards above `max_shard_size`, a model card), with the delta heatmaps (with a
+base among the inputs) and summary.json.
 A user error (method, inputs, options, files) is one line `xlt.merge: error: ...` on
 stderr and exit status 2.
 """
@@ -20,14 +22,14 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from xlt.merge import fileio, files, registry
+from xlt.merge import fileio, hf, registry, tool
 
 # unlocked, accepting new fields: inputs.<role> and options.<name> are whatever the method
 # takes, checked by the registry; the top-level fields are checked in `merge_config`
 _CONFIG = config_flags.DEFINE_config_file("config", None, "merge config file (configs/merge_files.py)",
                                           lock_config=False, accept_new_attributes=True)
 _LIST = flags.DEFINE_bool("list_methods", False, "print every merge method (inputs, options, paper) and exit")
-FIELDS = ("method", "inputs", "options", "naming", "heatmaps", "output")
+FIELDS = ("method", "inputs", "options", "naming", "heatmaps", "output", "config_from", "max_shard_size", "dtype")
 
 
 def inputs_of(method: str, inputs: dict) -> dict:
@@ -53,8 +55,11 @@ def merge_config(c) -> dict:
     raise ValueError(f"unknown config field {', '.join(unknown)}; the fields: {', '.join(FIELDS)}")
   c = c.to_dict() if hasattr(c, "to_dict") else dict(c)
   options = {k: list(v) if isinstance(v, tuple) else v for k, v in (c.get("options") or {}).items()}
-  summary = files.merge_files(inputs_of(c["method"], c.get("inputs") or {}), c["method"], c["output"], options,
-                              naming=c.get("naming", "auto"), heatmaps=c.get("heatmaps", True))
+  summary = tool.merge_files(inputs_of(c["method"], c.get("inputs") or {}), c["method"], c["output"], options,
+                             naming=c.get("naming", "auto"), heatmaps=c.get("heatmaps", True),
+                             config_from=c.get("config_from") or None,
+                             max_shard_bytes=c.get("max_shard_size") or hf.DEFAULT_MAX_SHARD_BYTES,
+                             dtype=c.get("dtype") or None)
   fileio.write_text(os.path.join(c["output"], "summary.json"), json.dumps(summary, indent=1) + "\n")
   return summary
 

@@ -1,13 +1,11 @@
-"""Checkpoints on disk: safetensors files read and written one tensor at a time, and a
-merge of checkpoint files that never holds much more than one model.
+"""Checkpoints on disk: safetensors files read and written one tensor at a time, so a merge
+of checkpoint files (xlt.merge.tool) never holds much more than one model.
 
 `load` returns a flat {name: LazyTensor}: a leaf that knows its shape and dtype from the
 file's header and reads its bytes only when a merge asks for it (`np.asarray`), so every
 merge in xlt.merge runs unchanged on lazy trees, reading each input tensor when it
 reaches that tensor and dropping it afterwards. `save` writes the header first and then
 each tensor in turn, so a lazy or computed tree is never gathered into one buffer.
-Memory of a file merge: the merged model (its leaves are computed one by one and kept
-until saved) plus a few tensors of the inputs.
 
 A checkpoint is one .safetensors file or a directory of them (Hugging Face's sharded
 model-0000k-of-0000n.safetensors); names are flat ("model.layers.0.mlp.up_proj.weight"),
@@ -24,7 +22,7 @@ import struct
 import numpy as np
 
 from xlt import paths as naming_lib
-from xlt.merge import analysis, core, fileio, registry
+from xlt.merge import core, fileio
 
 try:  # bfloat16 as numpy knows it (a jax dependency)
   import ml_dtypes
@@ -154,56 +152,3 @@ def save(tree, file: str, metadata: dict | None = None) -> None:
       a = np.ascontiguousarray(np.asarray(x))
       f.write(a.view(np.uint8).reshape(-1).data if a.size else b"")
       del a
-
-
-# ---- merging checkpoint files
-
-
-def merge_files(inputs: dict, method: str, output: str, options: dict | None = None, *,
-                naming: str | naming_lib.Naming = "auto", heatmaps: bool = True) -> dict:
-  """Merges checkpoint files with one of the registry's methods and writes
-  `output`/model.safetensors (+ delta_<role>.png heatmaps of where each fine-tune changed
-  the base, when a base is among the inputs); returns a summary dict.
-
-  inputs: {role: checkpoint path or list of paths}: the method's roles
-    (`registry.describe(method)`; e.g. layer_swap: task_expert, language_expert) and
-    optionally `base` for the heatmaps.
-  options: the method's options (layer_swap: bottom, top, ...); not those that take trees.
-  naming: "auto" (the first naming that recognises every name), "hf", "xlt" or a Naming.
-  Every check (method, roles, options, file headers) runs before any tensor is read.
-  """
-  options = dict(options or {})
-  m = registry.get(method)
-  roles = [r.name for r in m.roles]
-  registry.check(method, {r: v for r, v in inputs.items() if r in roles or r != "base"}, options,
-                 trees_allowed=False)
-  trees = {r: [load(p) for p in v] if isinstance(v, (list, tuple)) else load(v) for r, v in inputs.items()}
-  first = next(iter(trees.values()))
-  first = first[0] if isinstance(first, list) else first
-  nm = naming_lib.naming_for(list(first), naming)
-  merged = registry.merge(method, {r: trees[r] for r in roles}, options, naming=nm)
-  os.makedirs(output, exist_ok=True)
-  out_file = os.path.join(output, "model.safetensors")
-  save(merged, out_file, {"merge_method": method, "options": json.dumps(options, sort_keys=True)})
-  del merged
-  summary = {"output": out_file, "naming": nm.name, "tensors": len(first),
-             "bytes": int(sum(x.nbytes for x in first.values())), "heatmaps": []}
-  if heatmaps and "base" in trees:
-    summary["heatmaps"] = _heatmaps(trees, [r for r in roles if r != "base"], output, nm)
-  return summary
-
-
-def _heatmaps(trees: dict, roles: list[str], output: str, nm: naming_lib.Naming) -> list[str]:
-  """delta_<role>.png (delta_<role>_<i>.png in a list) for every model of `roles`: where
-  it changed trees["base"]."""
-  pngs = []
-  for role in roles:
-    experts = trees[role] if isinstance(trees[role], list) else [trees[role]]
-    for i, expert in enumerate(experts):
-      name = role if len(experts) == 1 else f"{role}_{i}"
-      change = analysis.row_change(expert, trees["base"], naming=nm,
-                                   threshold=analysis.default_threshold(expert, trees["base"], naming=nm))
-      png = os.path.join(output, f"delta_{name}.png")
-      analysis.plot_row_change(change, png, title=f"where {name} changed the base")
-      pngs.append(png)
-  return pngs

@@ -50,7 +50,8 @@ _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2*
 
 def write_model_dir(tensors: dict, out_dir: str, *, source_dir: str | None = None, config: dict | None = None,
                     max_shard_bytes: int | str = DEFAULT_MAX_SHARD_BYTES, card: dict | None = None,
-                    dtype: str | None = None, metadata: dict | None = None, overwrite: bool = False) -> dict:
+                    dtype: str | None = None, metadata: dict | None = None, overwrite: bool = False,
+                    weights_only: bool = False) -> dict:
   """Writes `tensors` as a Hugging Face model directory `out_dir`; returns a summary
   {"dir", "files", "tensors", "total_size"}.
 
@@ -70,15 +71,17 @@ def write_model_dir(tensors: dict, out_dir: str, *, source_dir: str | None = Non
   metadata: extra string entries for each safetensors header (beside format: pt).
   overwrite: replace `out_dir` even when it is a non-empty directory that xlt did not write.
     Without it only an empty directory or an earlier output of this function is replaced.
+  weights_only: with neither source_dir nor config (tensors of no Hugging Face model, e.g.
+    xlt's own checkpoints), write the weights and the card without a config.json.
   """
   _check_tensors(tensors)
   max_bytes = _bytes(max_shard_bytes)
   cast = _dtype(dtype) if dtype is not None else None
   if cast is not None:
     tensors = {k: _Cast(x, cast) if _is_float(core.dtype_of(x)) else x for k, x in tensors.items()}
-  cfg = _config(source_dir, config)
+  cfg = None if weights_only and source_dir is None and config is None else _config(source_dir, config)
   floats = {core.dtype_of(x) for x in tensors.values() if _is_float(core.dtype_of(x))}
-  if len(floats) == 1:  # transformers' dtype="auto" loads in this dtype
+  if len(floats) == 1 and cfg is not None:  # transformers' dtype="auto" loads in this dtype
     name = floats.pop().name
     keys = [k for k in ("dtype", "torch_dtype") if k in cfg] or ["torch_dtype"]
     cfg |= {k: name for k in keys}
@@ -150,11 +153,13 @@ def _load(file: str) -> dict:
 # ---- writing
 
 
-def _write_into(tmp: str, tensors: dict, cfg: dict, source_dir: str | None, max_bytes: int,
+def _write_into(tmp: str, tensors: dict, cfg: dict | None, source_dir: str | None, max_bytes: int,
                 card: dict | None, metadata: dict | None) -> list[str]:
   """Fills the empty directory `tmp`; returns the names of the files written."""
-  written = [CONFIG]
-  fileio.write_text(os.path.join(tmp, CONFIG), json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+  written = []
+  if cfg is not None:
+    fileio.write_text(os.path.join(tmp, CONFIG), json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    written.append(CONFIG)
   if source_dir is not None:
     for name in TOKENIZER_FILES:
       src = os.path.join(source_dir, name)
@@ -276,7 +281,7 @@ def is_xlt_output(path: str) -> bool:
   return text.startswith("---\n") and len(parts) == 3 and f"- {_TAG}\n" in parts[1]
 
 
-def _card(card: dict | None, cfg: dict, tensors: dict, shard_files: list[str]) -> str:
+def _card(card: dict | None, cfg: dict | None, tensors: dict, shard_files: list[str]) -> str:
   """README.md: a Hugging Face model card (YAML front matter, then markdown)."""
   card = dict(card or {})
   title = card.pop("title", "Model written by xlt")
@@ -289,10 +294,12 @@ def _card(card: dict | None, cfg: dict, tensors: dict, shard_files: list[str]) -
   for key in first + [k for k in card if k not in first]:
     lines += _card_item(key, card[key], 0)
   dtypes = sorted({core.dtype_of(x).name for x in tensors.values()})
-  lines += ["", f"Architecture {cfg.get('architectures', ['?'])[0]} ({cfg['model_type']}); {len(tensors)} tensors, "
-            f"{', '.join(dtypes)}, {sum(_nbytes(x) for x in tensors.values()):,} bytes in "
-            f"{len(shard_files)} file(s). Written by `xlt.merge.hf.write_model_dir`; load it with "
-            "`transformers.AutoModelForCausalLM.from_pretrained`.", ""]
+  what = (f"Architecture {cfg.get('architectures', ['?'])[0]} ({cfg['model_type']}); " if cfg is not None else
+          "Weights only (no config.json: the inputs were no Hugging Face model); ")
+  load = ("load it with `transformers.AutoModelForCausalLM.from_pretrained`" if cfg is not None else
+          "read it with `xlt.merge.load`")
+  lines += ["", f"{what}{len(tensors)} tensors, {', '.join(dtypes)}, {sum(_nbytes(x) for x in tensors.values()):,} "
+            f"bytes in {len(shard_files)} file(s). Written by `xlt.merge.hf.write_model_dir`; {load}.", ""]
   return "\n".join(lines)
 
 

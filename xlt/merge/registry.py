@@ -2,7 +2,7 @@
 (*roles*), its options with their defaults, types and help, and its paper.
 
 A method is called the same way whatever it is, on in-memory trees or (through
-`files.merge_files` and `python -m xlt.merge`) on checkpoint files:
+`tool.merge_files` and `python -m xlt.merge`) on checkpoint files:
 
   registry.merge("ties", {"base": b, "experts": [t, l]}, {"density": 0.2})
   print(registry.describe())            # every method, its inputs, options and paper
