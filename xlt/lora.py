@@ -12,9 +12,9 @@ s * (x @ a^T) @ b^T beside the frozen base projection without forming that sum (
 b starts at zero, so a fresh adapter changes nothing. The scale is a leaf so an adapter
 checkpoint says alone how to apply it; it is never trained.
 
-Training a LoRA model trains the *composite* {"base": params, "lora": adapters}:
-`xlt.train`'s loss runs the adapter forward for it, and the train step differentiates and
-updates only the adapters (`split`): the base and the scale get no gradient, no optimizer
+Training a LoRA model trains the *composite* {"base": params, "lora": adapters}, one of
+xlt.composite's kinds: the loss runs the adapter forward for it, and the train step
+differentiates and updates only the adapters (`split`): the base and the scale get no gradient, no optimizer
 state and no update, so they stay bit for bit, and any optax transformation (xlt's AdamW,
 a gated partition optimizer over the adapters' labels) trains the adapters. Partial LoRA
 = adapters only on some labels of a partition (`init(..., labels=..., trainable=...)`);
@@ -178,6 +178,29 @@ def split(params):
   adapters = dict(params["lora"])
   s = adapters.pop("scale")
   return adapters, lambda trained: {"base": params["base"], "lora": {**trained, "scale": s}}
+
+
+def update_args(composite) -> dict:
+  """Extra arguments of the optimizer's update (xlt.composite): none, any optax
+  transformation trains adapters."""
+  del composite
+  return {}
+
+
+def shardings(abstract, param_shardings, replicated):
+  """The composite's shardings from the model's: the base as the model, the adapters (small)
+  replicated."""
+  return {"base": param_shardings, "lora": jax.tree.map(lambda _: replicated, abstract["lora"])}
+
+
+def base(composite):
+  """The frozen base: the model-shaped part."""
+  return composite["base"]
+
+
+def merged(composite):
+  """One model's plain parameters: the adapters merged into the base (`merge_into`)."""
+  return merge_into(composite["base"], composite["lora"])
 
 
 def labels(adapters, kernel_labels):

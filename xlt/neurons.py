@@ -7,13 +7,13 @@ bool per entry (the leaf's shape: any rows or columns). `expand` turns one into 
 masks and rejects a leaf whose shape fits neither its tensor nor its rows.
 
 Training with a mask: the ensemble trains the *neuron composite* {"params": params,
-"neuron_mask": per-entry masks}, so every member carries its own mask (the train step
-hands it to the optimizer; the loss runs the params), under `masked(tx)`: the
-gradient is zeroed off the mask before `tx` (a clip sees only selected entries), the
-update is zero off the mask (no weight decay there either), and every optimizer-state
-leaf shaped like a parameter keeps its old value off the mask. Unselected entries and
-their Adam moments stay bit for bit; only shared scalars (Adam's step count) advance.
-The merge functions take the same trees (`masks=` of task_arithmetic, ties, dare;
+"neuron_mask": per-entry masks} (one of xlt.composite's kinds), so every member carries its
+own mask (the train step hands it to the optimizer; the loss runs the params), under
+`masked(tx)`: the gradient is zeroed off the mask before `tx` (a clip sees only selected
+entries), the update is zero off the mask (no weight decay there either), and every
+optimizer-state leaf shaped like a parameter keeps its old value off the mask. Unselected
+entries and their Adam moments stay bit for bit; only shared scalars (Adam's step count)
+advance. The merge functions take the same trees (`masks=` of task_arithmetic, ties, dare;
 `ability_neurons=`, `source_neurons=` of maet).
 """
 
@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from xlt import model as model_lib
 from xlt.merge import core
 from xlt.merge.maet import key_rows
 from xlt.paths import XLT, Naming, path_names
@@ -68,10 +69,36 @@ def is_composite(params) -> bool:
   return isinstance(params, dict) and set(params) == {"params", MASK_KEY}
 
 
-def split(params):
-  """(trainable params, rebuild, extra update arguments) of a neuron composite."""
-  mask = params[MASK_KEY]
-  return params["params"], lambda p: {"params": p, MASK_KEY: mask}, {MASK_KEY: mask}
+def split(composite):
+  """(the trainable params, rebuild: trained params -> the composite with the same mask)."""
+  mask = composite[MASK_KEY]
+  return composite["params"], lambda p: {"params": p, MASK_KEY: mask}
+
+
+def update_args(composite) -> dict:
+  """Extra arguments of the optimizer's update: the mask, which `masked(tx)` reads."""
+  return {MASK_KEY: composite[MASK_KEY]}
+
+
+def apply(cfg: model_lib.Config, composite, tokens_BxT, cache=None, pos=0, dropout_rng=None):
+  """The model's forward of the composite's params (the mask only steers training)."""
+  return model_lib.apply(cfg, composite["params"], tokens_BxT, cache, pos, dropout_rng)
+
+
+def shardings(abstract, param_shardings, replicated):
+  """The composite's shardings from the model's: a mask is sharded as its parameter."""
+  del abstract, replicated
+  return {"params": param_shardings, MASK_KEY: param_shardings}
+
+
+def base(composite):
+  """The params: the model-shaped part."""
+  return composite["params"]
+
+
+def merged(composite):
+  """One model's plain parameters: the params (the mask is not part of the model)."""
+  return composite["params"]
 
 
 def masked(tx: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:

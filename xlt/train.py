@@ -14,17 +14,14 @@ targets after the delimiter). The step takes any optax transformation, so a
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
+from xlt import composite
 from xlt import ensemble as ensemble_lib
-from xlt import lora as lora_lib
 from xlt import model as model_lib
-from xlt import neurons as neurons_lib
 from xlt import sharding
 from xlt.paths import path_names
 
@@ -63,21 +60,11 @@ def make_optimizer(c) -> optax.GradientTransformation:
   return optax.chain(optax.clip_by_global_norm(c.clip), opt) if c.clip else opt
 
 
-def apply(cfg: model_lib.Config, params, tokens_BxT, dropout_rng=None):
-  """`model.apply` of plain params or of a composite: a LoRA one runs the adapter forward
-  (xlt.lora), a neuron-masked one its params (xlt.neurons)."""
-  if lora_lib.is_composite(params):
-    return lora_lib.apply(cfg, params, tokens_BxT, dropout_rng=dropout_rng)
-  if neurons_lib.is_composite(params):
-    params = params["params"]
-  return model_lib.apply(cfg, params, tokens_BxT, dropout_rng=dropout_rng)
-
-
 def loss_sums(cfg: model_lib.Config, params, batch, dropout_rng=None) -> tuple[jax.Array, jax.Array]:
-  """(sum of masked token cross-entropies, number of masked tokens); with `dropout_rng`, the
-  model's dropout is on (training)."""
+  """(sum of masked token cross-entropies, number of masked tokens) of plain or composite
+  params (xlt.composite); with `dropout_rng`, the model's dropout is on (training)."""
   tokens_BxT = batch["tokens"]
-  logits_BxTxV, _ = apply(cfg, params, tokens_BxT[:, :-1], dropout_rng)
+  logits_BxTxV, _ = composite.apply(cfg, params, tokens_BxT[:, :-1], dropout_rng)
   ce_BxT = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, tokens_BxT[:, 1:])
   mask_BxT = batch["loss_mask"]
   return (ce_BxT * mask_BxT).sum(), mask_BxT.sum()
@@ -109,24 +96,13 @@ def _grads(cfg, params, batch, accum: int, rebuild=lambda p: p, dropout_rng=None
   return total / count, jax.tree.map(lambda x: x / count, g)
 
 
-def split(params):
-  """(what the optimizer trains, rebuild: trained -> the state's params, extra update
-  arguments). A LoRA composite trains its adapters only (xlt.lora); a neuron composite
-  trains its params and hands its mask to `neurons.masked` (xlt.neurons); plain params
-  train whole."""
-  if neurons_lib.is_composite(params):
-    return neurons_lib.split(params)
-  trained, rebuild = lora_lib.split(params)
-  return trained, rebuild, {}
-
-
 def train_step(state: State, batch, *, cfg, tx, accum: int = 1):
   """One model's step. (Members that stopped early never reach it: the loop drops them
   from the ensemble, and `active` only records which ones still train.) A batch with
   `trainable` flags (partition training) passes them to the gated optimizer."""
   extra = {"trainable": batch["trainable"]} if "trainable" in batch else {}
   batch = {k: batch[k] for k in ("tokens", "loss_mask")}
-  trained, rebuild, more = split(state["params"])
+  trained, rebuild, more = composite.split(state["params"])
   # dropout masks from the member's key and the step: the same on a resumed run
   rng = (jax.random.fold_in(jax.random.wrap_key_data(state["dropout_key"]), state["step"])
          if "dropout_key" in state else None)
@@ -144,7 +120,7 @@ def init_state(cfg: model_lib.Config, tx, seeds, params=None) -> State:
   def one(seed, params):
     if params is None:
       params = model_lib.init_params(cfg, jax.random.key(seed))
-    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(split(params)[0]),
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(composite.split(params)[0]),
              "active": jnp.ones((), bool)}
     if cfg.dropout > 0:  # raw key data (uint32), which checkpoints store as any array
       state["dropout_key"] = jax.random.key_data(jax.random.fold_in(jax.random.key(seed), 1))
@@ -156,21 +132,18 @@ def init_state(cfg: model_lib.Config, tx, seeds, params=None) -> State:
 def state_shardings(cfg: model_lib.Config, tx, mesh, rules, abstract_state):
   """Shardings for the stacked state: parameter-shaped optimizer leaves follow the
   parameter's sharding, everything else is replicated."""
-  param_sh = sharding.param_shardings(model_lib.logical_axes(cfg), mesh, rules)
   rep = sharding.replicated(mesh)
-  if lora_lib.is_composite(abstract_state["params"]):  # adapters are small: replicated
-    param_sh = {"base": param_sh, "lora": jax.tree.map(lambda _: rep, abstract_state["params"]["lora"])}
-  elif neurons_lib.is_composite(abstract_state["params"]):  # a mask is sharded as its parameter
-    param_sh = {"params": param_sh, neurons_lib.MASK_KEY: param_sh}
-  sharding.check_divisible(abstract_state["params"], param_sh)
+  params = abstract_state["params"]
+  param_sh = composite.shardings(params, sharding.param_shardings(model_lib.logical_axes(cfg), mesh, rules), rep)
+  sharding.check_divisible(params, param_sh)
   # optax states hold parameter-shaped copies (Adam's mu and nu, also inside the masked
   # states of a partitioned optimizer) whose key path ends with the parameter's path: those
-  # follow the parameter's sharding; counts and other leaves are replicated.
-  by_path = {path_names(p): (x.shape, sh) for (p, x), sh in zip(
-      jax.tree_util.tree_flatten_with_path(abstract_state["params"])[0], jax.tree.leaves(param_sh))}
-  if lora_lib.is_composite(abstract_state["params"]) or neurons_lib.is_composite(abstract_state["params"]):
-    # the optimizer sees the composite's trainable part: its paths lack the first key
-    by_path |= {k[1:]: v for k, v in by_path.items()}
+  # follow the parameter's sharding; counts and other leaves are replicated. The optimizer
+  # sees a composite's trained part (composite.split), whose paths differ from the whole's.
+  by_path = {}
+  for tree, sh in ((params, param_sh), (composite.split(params)[0], composite.split(param_sh)[0])):
+    by_path |= {path_names(p): (x.shape, s) for (p, x), s in zip(
+        jax.tree_util.tree_flatten_with_path(tree)[0], jax.tree.leaves(sh))}
 
   def opt_leaf(path, x):
     names = path_names(path)
@@ -183,7 +156,6 @@ def state_shardings(cfg: model_lib.Config, tx, mesh, rules, abstract_state):
   opt_sh = jax.tree_util.tree_map_with_path(opt_leaf, abstract_state["opt_state"])
   return {"step": rep, "params": param_sh, "opt_state": opt_sh, "active": rep,
           **({"dropout_key": rep} if "dropout_key" in abstract_state else {})}
-
 
 
 def make_step(cfg: model_lib.Config, tx, mesh, rules, abstract_state, accum: int = 1,
