@@ -9,7 +9,6 @@ import pytest
 
 from configs import common as cc
 from xlt import loop, model, partition
-from xlt import train as train_lib
 from xlt.data import arithmetic, common, pipeline
 
 

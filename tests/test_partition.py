@@ -211,7 +211,7 @@ def test_freeze_leaves_frozen_bit_for_bit_and_clips_over_the_trainable_only():
   c = _opt()
   history = _history("freeze")
   frozen, trainable = P.mask(A, "language"), P.mask(A, "task")
-  for params, state in history:
+  for params, _ in history:
     assert _equal_where(params, PARAMS, frozen) > 0
   # the trainable branch holds state for the trainable leaves only (MaskedNode elsewhere)
   mu = history[-1][1].inner_states["trainable"].inner_state[1][0].mu

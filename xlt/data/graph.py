@@ -25,7 +25,7 @@ from typing import Sequence
 import networkx as nx
 import numpy as np
 
-from xlt.data.common import Example
+from xlt.data.common import Example, Task
 
 GRAMMARS = ("node", "edge")
 VOCABS = {"plain": 0, "offset": 10000}
@@ -205,11 +205,11 @@ def eval_set(graph: nx.Graph, pairs: Sequence[tuple[int, int]], language: str, m
                  lambda i, answer: score(graph, pairs[i], answer, language), "valid", max_new)
 
 
-def build(c, counts: dict[str, int]) -> "Task":
+def build(c, counts: dict[str, int]) -> Task:
   """The graph task: `counts[language]` training samples of each language (config
   fields: see configs/graph.py). With a source and a target, the target's pairs follow
   `c.mixture.target_pairs`."""
-  from xlt.data.common import Task, WordTokenizer, max_length
+  from xlt.data.common import WordTokenizer, max_length
 
   g = c.graph
   graph = make_graph(g.num_nodes, g.edge_prob, g.seed)
