@@ -1,21 +1,14 @@
-"""The graph config's 9 members: one process against two pinned processes (`--member_workers`).
+"""The graph config's 9 members: how one process best steps an ensemble.
 
-  python benchmarks/ensemble_workers.py [--rounds 2] [--steps 20] [--workers 2]
+  python benchmarks/ensemble_workers.py [--rounds 2] [--steps 20]
 
 Times xlt's training step of compare.py's ensemble job (9 graph models, batch 64 x 29 tokens)
-three ways, in rounds:
-  * together: the 9 members in one step of one process on every core (the strategy `auto`
-    picks, xlt.ensemble: on a CPU `map`, each member's step data-parallel over the devices);
+three ways, in rounds, each in a fresh process:
+  * together: the 9 members in one step on every core (the strategy `auto` picks,
+    xlt.ensemble: on a CPU `map`, each member's step data-parallel over the devices);
   * devices: the same with the members split over the devices instead (strategy `devices`);
-  * separate: the same process stepping 9 single-member states one after the other;
-  * workers: `--workers` processes at once, each pinned to cores of its own
-    (xlt.cpu_devices.worker_env) with the members split as `--member_workers` splits them
-    (xlt.transfer.share_ids: 5 + 4 for two). Each compiles and warms up, waits until every
-    worker is ready, then times its steps; it keeps stepping until every worker has timed
-    its own, so the timed windows share the machine.
-Prints member-steps per second for each: for the workers, all of them together while they all
-run ("aggregate") and as an experiment runs them, bound by the share with most members
-("slowest share": every member takes the same number of steps).
+  * separate: 9 single-member states stepped one after the other.
+Prints member-steps per second for each.
 """
 
 from __future__ import annotations
@@ -26,7 +19,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -38,7 +30,7 @@ def _job():
   return next(j for j in plan() if j["kind"] == "ensemble")
 
 
-def worker(mode: str, members: list[int], steps: int, sync: str, out: str):
+def worker(mode: str, members: list[int], steps: int, out: str):
   import jax
   import ml_collections
   import numpy as np
@@ -76,22 +68,14 @@ def worker(mode: str, members: list[int], steps: int, sync: str, out: str):
   with jax.set_mesh(mesh):
     for _ in range(3):  # compile and warm up
       run()
-    if sync:  # every worker ready before any times
-      open(f"{sync}.ready.{os.getpid()}", "w").close()
-      while len([p for p in os.listdir(os.path.dirname(sync)) if ".ready." in p]) < int(os.environ["N_WORKERS"]):
-        time.sleep(0.01)
     seconds = median_seconds(run, 0, steps)
-    if sync:  # keep the machine as busy until every worker has timed its steps
-      open(f"{sync}.done.{os.getpid()}", "w").close()
-      while len([p for p in os.listdir(os.path.dirname(sync)) if ".done." in p]) < int(os.environ["N_WORKERS"]):
-        run()
   strategy = "single-member steps" if mode == "separate" else ensemble.resolve(asked, mesh=mesh, members=n)
   with open(out, "w") as f:
     json.dump({"members": n, "step_s": seconds, "devices": len(jax.devices()), "strategy": strategy}, f)
 
 
-def _spawn(args, env=None):
-  return subprocess.Popen([sys.executable, os.path.abspath(__file__), *args], cwd=REPO, env=env,
+def _spawn(args):
+  return subprocess.Popen([sys.executable, os.path.abspath(__file__), *args], cwd=REPO,
                           stderr=subprocess.PIPE, text=True)
 
 
@@ -101,62 +85,40 @@ def _wait(proc):
     sys.exit(f"a worker failed (exit {proc.returncode}):\n{err[-3000:]}")
 
 
-def one_round(tmp: str, r: int, steps: int, workers: int) -> dict:
-  from xlt import cpu_devices, transfer
-  from xlt import workers as workers_lib
-
+def one_round(tmp: str, r: int, steps: int) -> dict:
   members = list(range(_job()["members"]))
   out = {}
   for mode in ("together", "devices", "separate"):
     path = os.path.join(tmp, f"{mode}_{r}.json")
     _wait(_spawn(["--worker", mode, "--members", json.dumps(members), "--steps", str(steps), "--out", path]))
     out[mode] = json.load(open(path))
-  cores = workers_lib.worker_cores(workers, cpu_devices.available_cores())
-  sync = os.path.join(tmp, f"sync_{r}", "w")
-  os.makedirs(os.path.dirname(sync))
-  procs, paths = [], []
-  for i in range(workers):
-    share = [members[k] for k in transfer.share_ids(len(members), i, workers)]
-    paths.append(os.path.join(tmp, f"workers_{r}_{i}.json"))
-    env = {**cpu_devices.worker_env(cores[i]), "N_WORKERS": str(workers)}
-    procs.append(_spawn(["--worker", "share", "--members", json.dumps(share), "--steps", str(steps),
-                         "--sync", sync, "--out", paths[-1]], env))
-  for p in procs:
-    _wait(p)
-  out["workers"] = [json.load(open(p)) for p in paths]
   return out
 
 
 def rates(rnd: dict) -> dict:
   """Member-steps per second of each way."""
-  e = sum(w["members"] for w in rnd["workers"])
-  return {"together": e / rnd["together"]["step_s"], "devices": e / rnd["devices"]["step_s"],
-          "separate": e / (rnd["separate"]["step_s"]),
-          "aggregate": sum(w["members"] / w["step_s"] for w in rnd["workers"]),
-          "slowest share": e / max(w["step_s"] for w in rnd["workers"])}
+  e = rnd["together"]["members"]
+  return {k: e / rnd[k]["step_s"] for k in ("together", "devices", "separate")}
 
 
 def main(a):
   rounds = []
   with tempfile.TemporaryDirectory() as tmp:
     for r in range(a.rounds):
-      rounds.append(one_round(tmp, r, a.steps, a.workers))
+      rounds.append(one_round(tmp, r, a.steps))
       print(f"round {r + 1}: " + json.dumps({k: round(v, 2) for k, v in rates(rounds[-1]).items()}), file=sys.stderr,
             flush=True)
   per = [rates(r) for r in rounds]
   med = lambda k: sorted(p[k] for p in per)[len(per) // 2]
   first = rounds[0]
   print(f"9 graph models (batch 64 × 29), member-steps/s, median of {a.rounds} round(s) of {a.steps} timed steps; "
-        f"one process: {first['together']['devices']} device(s), {first['together']['strategy']}; "
-        f"workers: {a.workers} × " + " + ".join(str(w["members"]) for w in first["workers"]) + " members")
+        f"{first['together']['devices']} device(s)")
   print("| way | member-steps/s | / separate | per round |")
   print("|---|---|---|---|")
-  for k in ("separate", "together", "devices", "aggregate", "slowest share"):
-    label = {"separate": "one process, 9 single-member steps",
-             "together": f"one process, one 9-member step ({first['together']['strategy']}, xlt's default)",
-             "devices": "one process, one 9-member step, members split over the devices (devices)",
-             "aggregate": f"{a.workers} pinned processes, together while all run",
-             "slowest share": f"{a.workers} pinned processes, bound by the largest share"}[k]
+  for k in ("separate", "together", "devices"):
+    label = {"separate": "9 single-member steps",
+             "together": f"one 9-member step ({first['together']['strategy']}, xlt's default)",
+             "devices": "one 9-member step, members split over the devices (devices)"}[k]
     print(f"| {label} | {med(k):.2f} | {med(k) / med('separate'):.2f} | "
           + " / ".join(f"{p[k]:.2f}" for p in per) + " |")
 
@@ -165,16 +127,14 @@ if __name__ == "__main__":
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--rounds", type=int, default=2)
   p.add_argument("--steps", type=int, default=20, help="timed steps per way and round")
-  p.add_argument("--workers", type=int, default=2)
   p.add_argument("--worker", help=argparse.SUPPRESS)
   p.add_argument("--members", help=argparse.SUPPRESS)
-  p.add_argument("--sync", default="", help=argparse.SUPPRESS)
   p.add_argument("--out", help=argparse.SUPPRESS)
   a = p.parse_args()
   if a.worker:
     from xlt import allocator, cpu_devices
     cpu_devices.configure()  # before jax: pins to XLT_CPU_CORES, one device per core
     allocator.preload()
-    worker(a.worker, json.loads(a.members), a.steps, a.sync, a.out)
+    worker(a.worker, json.loads(a.members), a.steps, a.out)
   else:
     main(a)

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import importlib.util  # noqa: E402
 
-from xlt import experiment  # noqa: E402  (after the path fix above)
+from xlt import runner  # noqa: E402  (after the path fix above)
 
 
 def load(spec: str, seeds: int, first_seed: int, steps: int):
@@ -38,7 +38,7 @@ def load(spec: str, seeds: int, first_seed: int, steps: int):
 
 def timed(c, workdir: str) -> float:
   t0 = time.perf_counter()
-  experiment.run(c, workdir, progress=False)
+  runner.run(c, workdir, progress=False)
   return time.perf_counter() - t0
 
 

@@ -10,17 +10,18 @@ import jax
 import numpy as np
 import pytest
 
-from xlt import checkpoint, loop, transfer
+from xlt import checkpoint, loop
 from xlt.data import common
+from xlt.experiments import synthetic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _members(c):
-  task = transfer.get_task(c)
+  task = synthetic.get_task(c)
   enc = common.encode_examples(task.train[c.mixture.source], task.tokenizer, task.seq_len)
   arrays = {"tokens": enc.tokens, "loss_mask": enc.loss_mask}
-  return transfer.model_config(c, task), [loop.Member(f"m{s}", s, arrays) for s in (0, 1)]
+  return synthetic.model_config(c, task), [loop.Member(f"m{s}", s, arrays) for s in (0, 1)]
 
 
 def _files(path):

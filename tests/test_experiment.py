@@ -9,14 +9,15 @@ import numpy as np
 import pytest
 
 from configs import addition, addition_sweep, addition_table2
-from xlt import checkpoint, experiment, results, transfer
+from xlt import checkpoint, results, runner
+from xlt.experiments import synthetic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_graph_experiment_writes_results(graph_config, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path.parent)  # a relative workdir, as on the command line
-  rows = experiment.run(graph_config, tmp_path.name, progress=False)
+  rows = runner.run(graph_config, tmp_path.name, progress=False)
   on_disk = json.load(open(tmp_path / "results.json"))
   assert on_disk == rows
   keys = {(r["language"], r["role"], r["condition"], r["metric"]) for r in rows}
@@ -47,34 +48,7 @@ def test_graph_experiment_writes_results(graph_config, tmp_path, monkeypatch):
     assert all(b <= s for b, s in zip(r["best_steps"], r["steps"]))
     assert len(r["best_val"]) == r["seeds"] and all(0.0 <= v <= 1.0 for v in r["best_val"])
   # a finished experiment is not trained again
-  assert experiment.run(graph_config, str(tmp_path), progress=False) == rows
-
-
-def test_member_shares_train_as_the_whole_ensemble_does(graph_config, tmp_path):
-  # the members split into shares, each trained alone (as --member_workers' processes do),
-  # then gathered: the same rows and predictions as one ensemble of every member
-  full = experiment.run(graph_config, str(tmp_path / "full"), progress=False)
-  split = tmp_path / "split"
-  assert [transfer.share_ids(6, i, 4) for i in range(4)] == [[0, 4], [1, 5], [2], [3]]
-  for bad in ((0, 7), (2, 2), (-1, 2)):
-    with pytest.raises(ValueError, match="splits into 1 .. 6 shares"):
-      experiment.run(graph_config, str(split), progress=False, share=bad[0], shares=bad[1])
-  assert experiment.run(graph_config, str(split), progress=False, share=1, shares=2) == []
-  with pytest.raises(FileNotFoundError, match="member share 0 of 2 has not finished"):
-    experiment.run(graph_config, str(split), progress=False, shares=2)
-  assert not (split / "results.json").exists()
-  experiment.run(graph_config, str(split), progress=False, share=0, shares=2)
-  rows = experiment.run(graph_config, str(split), progress=False, shares=2)
-  assert rows == full
-  assert json.load(open(split / "results.json")) == rows
-  def lines(path):
-    return sorted(open(path).read().splitlines())
-  assert lines(split / "predictions.jsonl") == lines(tmp_path / "full" / "predictions.jsonl")
-  assert json.load(open(split / "summary.json"))["member_shares"] == 2
-  assert sorted(p.name for p in split.iterdir() if p.name.startswith("members_")) == ["members_0of2", "members_1of2"]
-  # each share trained only its own members
-  assert [r["name"] for r in json.load(open(split / "members_1of2" / "members.json"))["members"]] == [
-      c.name for c in transfer.plan(graph_config)[1::2]]
+  assert runner.run(graph_config, str(tmp_path), progress=False) == rows
 
 
 def test_best_params_keeps_each_members_best_and_survives_a_restart(tmp_path):
@@ -95,14 +69,14 @@ def test_best_params_keeps_each_members_best_and_survives_a_restart(tmp_path):
 
 def test_seeds_per_condition_and_reduced_addition_configs():
   c = addition.get_config("cpu")
-  cells = transfer.plan(c)
+  cells = synthetic.plan(c)
   assert [(cell.condition, cell.seed) for cell in cells] == [
       ("target_alone", 0), ("source_alone", 0), ("mixed", 0), ("mixed", 1), ("mixed", 2)]
   assert (c.model.dropout, c.opt.weight_decay, c.train.steps) == (0.05, 1.0, 5000)
   assert dict(cells[2].samples) == {"standard": 11520 // 8, "letter": 1280 // 8}
   c.seeds_per_condition = {"mixed": 0}
   with pytest.raises(ValueError, match="needs >= 1 seed"):
-    transfer.plan(c)
+    synthetic.plan(c)
   # the reduced grid keeps the reference's N/M ratios; a Roman pair gets a block that fits
   full, cpu = addition_table2.get_config(), addition_table2.get_config("cpu")
   for f, r in zip(full.grid, cpu.grid):
@@ -125,12 +99,13 @@ def test_make_row_validates():
 def test_unknown_task_is_named_with_the_known_ones(graph_config, tmp_path):
   graph_config.task = "chess"
   with pytest.raises(ValueError, match="unknown task 'chess'; known: graph, addition, text, arithmetic"):
-    experiment.run(graph_config, str(tmp_path / "w"), progress=False)
+    runner.run(graph_config, str(tmp_path / "w"), progress=False)
   assert not (tmp_path / "w").exists()  # refused before anything is written
 
 
 def test_modules_of_xlt_import_no_cycle():
-  # experiment.py dispatches by module name; runners share xlt/runner.py, never each other.
+  # the runner imports the kinds (xlt.experiments); the kinds import neither it nor each other,
+  # but for the testbed's own stages (testbed_peft).
   import ast
   import pathlib
 
@@ -159,7 +134,11 @@ def test_modules_of_xlt_import_no_cycle():
     return False
 
   assert [m for m in graph if on_a_cycle(m)] == []
-  assert not graph["xlt.experiment"] & {"xlt.transfer", "xlt.text_transfer", "xlt.runner"}
+  kinds = {"xlt.experiments.synthetic", "xlt.experiments.text", "xlt.experiments.testbed",
+           "xlt.experiments.testbed_peft"}
+  assert graph["xlt.experiments"] == kinds - {"xlt.experiments.testbed_peft"}
+  for kind in kinds:
+    assert not graph[kind] & ({"xlt.runner", "xlt.experiments"} | kinds - {"xlt.experiments.testbed_peft"}), kind
 
 
 def _main(workdir, *extra):
@@ -205,12 +184,6 @@ def test_points_flag_errors(tmp_path):
     r = subprocess.run([sys.executable, "-m", "xlt.main", f"--config={config}", f"--workdir={tmp_path}",
                         f"--point_workers={workers}"], env=env, cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and want in r.stderr, r.stderr
-  for config, flag, want in (("configs/graph_table3.py", "--member_workers=2", "split with --point_workers"),
-                             ("configs/graph.py", "--member_workers=10", "9 members splits into 1 .. 9 shares"),
-                             ("configs/graph.py", "--member_share=1", "expected i/N")):
-    r = subprocess.run([sys.executable, "-m", "xlt.main", f"--config={config}", f"--workdir={tmp_path}", flag],
-                       env=env, cwd=REPO, capture_output=True, text=True)
-    assert r.returncode == 2 and want in r.stderr, r.stderr
   assert not any(tmp_path.iterdir())
 
 
@@ -243,26 +216,3 @@ def test_point_workers_train_a_grid_from_the_command_line(tmp_path):
   for point in ("diff_vocab_m256", "diff_grammar_m256"):
     assert json.load(open(tmp_path / point / "config.json"))["train"]["steps"] == 10  # the overrides reached it
     assert "task graph:" in (tmp_path / "logs" / f"{point}.log").read_text()  # the worker's own output
-
-
-def test_member_workers_train_one_experiment_from_the_command_line(tmp_path):
-  # the experiment's members in two shares, each a `python -m xlt.main --member_share=i/2` of its
-  # own (the command's overrides passed on) pinned to its own core; the parent gathers them
-  if len(os.sched_getaffinity(0)) < 2:
-    pytest.skip("two member workers need two cores")
-  cmd, env = _main(tmp_path, "--member_workers=2")
-  cmd = [a for a in cmd if not a.startswith(("--config.train.steps", "--config.train.eval"))]
-  cmd += ["--config.train.steps=10", "--config.train.eval_every=10"]
-  r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
-  assert r.returncode == 0, r.stderr[-3000:]
-  assert r.stdout.count("started on core(s)") == 2 and r.stdout.count(": finished in") == 2
-  cores = {line.split("core(s) ")[1].split("]")[0] for line in r.stdout.splitlines() if "started on" in line}
-  assert len(cores) == 2  # each share on a core of its own
-  rows = json.load(open(tmp_path / "results.json"))
-  assert {(row["condition"], row["role"]) for row in rows} == {("alone", "source"), ("alone", "target"),
-                                                              ("mixed", "source"), ("mixed", "target")}
-  for share in ("members_0of2", "members_1of2"):
-    assert json.load(open(tmp_path / share / "config.json"))["train"]["steps"] == 10  # the overrides reached it
-    assert "task graph:" in (tmp_path / "logs" / f"{share}.log").read_text()  # the worker's own output
-  r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)  # finished: nothing trains
-  assert r.returncode == 0 and "finished earlier" in r.stdout and "started on" not in r.stdout, r.stderr[-3000:]

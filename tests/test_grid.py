@@ -9,8 +9,9 @@ import time
 import pytest
 
 from configs import addition, addition_table2
-from xlt import grid, transfer, workers
+from xlt import grid, workers
 from xlt.data import addition as addition_data
+from xlt.experiments import synthetic
 
 
 def _tiny(c):
@@ -27,7 +28,7 @@ def _tiny(c):
 def test_addition_task_holds_out_every_languages_test_problems():
   c = addition.get_config()
   c.addition.max_digits, c.addition.num_test, c.addition.num_val = 4, 200, 50
-  task = transfer.get_task(c, [transfer.Cell("mixed", (("standard", 3000), ("letter", 3000)), 0)])
+  task = synthetic.get_task(c, [synthetic.Cell("mixed", (("standard", 3000), ("letter", 3000)), 0)])
   held = set()
   for lang in ("standard", "letter"):
     for es in (task.test[lang], task.val[lang]):
@@ -54,9 +55,9 @@ def _operands(prompt, lang):
 def test_sweep_cells_share_one_ensemble_and_use_prefixes():
   c = _tiny(addition.get_config())
   c.sweep = {"language": "standard", "samples": (20, 40)}
-  cells = transfer.plan(c)
+  cells = synthetic.plan(c)
   assert [cell.samples for cell in cells] == [(("standard", 20),), (("standard", 40),)]
-  task = transfer.get_task(c, cells)
+  task = synthetic.get_task(c, cells)
   assert len(task.train["standard"]) == 40
 
 
@@ -103,7 +104,7 @@ def test_graph_table3_grid_points_are_valid_experiments():
   assert [p.name for p in points] == [f"graph_table3/{n}_m{m}" for m in (256, 512)
                                       for n in ("diff_vocab", "diff_grammar", "diff_grammar_vocab")]
   for p in points:
-    cells = transfer.plan(p)
+    cells = synthetic.plan(p)
     assert {cell.condition for cell in cells} == {"target_alone", "source_alone", "mixed"}
     assert dict(next(cell for cell in cells if cell.condition == "mixed").samples) == {
         p.mixture.source: 2048, p.mixture.target: p.mixture.target_samples}

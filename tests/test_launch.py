@@ -1,12 +1,14 @@
 """The launch scripts: --help, --dry-run (the commands, in order, with no cloud tools
 installed), clear errors on missing arguments, the SLURM job script run against fake
-SLURM commands, and shellcheck when it is installed."""
+SLURM commands, and shellcheck when it is installed; and the command they all run, xlt.main:
+its flag errors are one line and exit status 2."""
 
 import os
 import re
 import shutil
 import stat
 import subprocess
+import sys
 
 import pytest
 
@@ -260,3 +262,26 @@ def test_gpu_run_against_fake_tools(tmp_path, remote):
   if remote:
     assert (home / "xlt" / "xlt" / "main.py").exists()
     assert (tmp_path / "results" / "run" / "results.json").exists()
+
+
+@pytest.mark.parametrize("flag,want", [
+    ("--config.nonexistent=1", "--config.nonexistent: the config has no field 'nonexistent' (the fields of the config:"),
+    ("--config.train.stepz=1", "--config.train.stepz: the config has no field 'train.stepz' (nearest: 'train.steps')"),
+    ("--config.train.steps=abc", "--config.train.steps=abc: invalid literal for int()"),
+    ("--no_such_flag", "Unknown command line flag 'no_such_flag'"),
+])
+def test_flag_errors_of_xlt_main_are_one_line_and_exit_2(tmp_path, flag, want):
+  # errors while flags are parsed are user errors like any other: one line, exit 2, nothing written
+  r = subprocess.run([sys.executable, "-m", "xlt.main", "--config=configs/graph.py", f"--workdir={tmp_path / 'w'}",
+                      flag], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2, r.stderr
+  assert r.stderr.splitlines() == [r.stderr.strip()] and r.stderr.startswith(f"xlt: error: {want}"), r.stderr
+  assert not (tmp_path / "w").exists()
+
+
+def test_a_missing_config_file_is_one_line_and_exit_2(tmp_path):
+  for args in (["--config=configs/no_such.py"], ["--config=configs/no_such.py", "--config.train.steps=3"]):
+    r = subprocess.run([sys.executable, "-m", "xlt.main", *args, f"--workdir={tmp_path}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "xlt: error: --config=configs/no_such.py: no such config file\n"

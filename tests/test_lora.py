@@ -151,7 +151,7 @@ def test_bad_lora_arguments_fail_clearly():
 
 def test_testbed_lora_compositions_take_the_right_adapters():
   from configs import merge as merge_config
-  from xlt import testbed_peft
+  from xlt.experiments import testbed_peft
 
   c = merge_config.get_config()
   c.lora.presets, c.lora.swaps = ("C",), ("1,1,0",)

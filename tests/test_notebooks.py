@@ -10,7 +10,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-from conftest import REPO
+from conftest import REPO  # noqa: E402  (after the skips: without nbclient, nothing to run)
 
 COLABS = REPO / "colabs"
 

@@ -1,11 +1,11 @@
-"""xlt.runner.claim_workdir: a workdir holds one experiment's config."""
+"""xlt.runner: a workdir holds one experiment's config, and a finished one is not run again."""
 
 import json
 
 import ml_collections
 import pytest
 
-from xlt import runner
+from xlt import results, runner
 
 
 def config(**train):
@@ -38,3 +38,26 @@ def test_another_recipe_in_the_same_workdir_is_an_error_naming_the_fields(tmp_pa
   with pytest.raises(ValueError, match=r"train.patience: '<unset>' there, 4 now"):
     runner.claim_workdir(config(patience=4), str(tmp_path))
   assert json.loads((tmp_path / "config.json").read_text())["train"]["steps"] == 100  # untouched
+
+
+@pytest.mark.parametrize("config", ["graph", "addition", "tinystories", "merge"])
+def test_a_finished_workdir_returns_its_rows_without_preparing_or_training(config, tmp_path, monkeypatch):
+  # every kind resumes a finished workdir the same way: its results.json, nothing rebuilt
+  import importlib
+
+  from xlt import experiments
+
+  c = importlib.import_module(f"configs.{config}").get_config()
+  rows = [results.make_row(experiment=c.name, task=c.task, language="l", role="target", condition="alone",
+                           metric="m", samples=1, values=[0.5])]
+  workdir, done = runner.open_workdir(c, str(tmp_path))
+  assert done is None
+  runner.write_outputs(workdir, rows, "table\n", {"wall_s": 1.0})
+  monkeypatch.setattr(experiments.kind(c.task), "prepare", lambda *a: pytest.fail("prepared a finished workdir"))
+  assert runner.run(c, str(tmp_path), progress=False) == rows
+  config_b = importlib.import_module(f"configs.{config}").get_config()
+  with config_b.unlocked():
+    config_b.seed = 7
+  with pytest.raises(ValueError, match="another config"):  # a finished workdir is still claimed first
+    runner.run(config_b, str(tmp_path), progress=False)
+

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from configs import merge as merge_config
-from xlt import experiment, model, partition, testbed
+from xlt import model, partition, runner
 from xlt.data import arithmetic
+from xlt.experiments import testbed
 
 
 @pytest.fixture
@@ -39,8 +40,8 @@ def tiny():
 
 
 def test_testbed_writes_every_method_and_resumes(tiny, tmp_path):
-  assert experiment.run(tiny, str(tmp_path), progress=False, stop_after=3) == []  # killed in stage 1
-  rows = experiment.run(tiny, str(tmp_path), progress=False)
+  assert runner.run(tiny, str(tmp_path), progress=False, stop_after=3) == []  # killed in stage 1
+  rows = runner.run(tiny, str(tmp_path), progress=False)
   methods = list(dict.fromkeys(r["condition"] for r in rows))
   assert methods[:5] == ["base", "task expert", "language expert", "source-language expert", "data mixing"]
   for want in ("freeze-then-train [A]", "train-then-revert [C_inv]", "simultaneous [C] k=10",
@@ -63,7 +64,7 @@ def test_testbed_writes_every_method_and_resumes(tiny, tmp_path):
   summary = json.load(open(tmp_path / "summary.json"))
   assert summary["members"] == {"base": 2, "finetune": 32, "lora": 2 * 5, "maet_neurons": 4}
   assert "| layer swap b=1 u=1 t=0 |" in (tmp_path / "table.md").read_text()
-  assert experiment.run(tiny, str(tmp_path), progress=False) == rows  # finished: reused
+  assert runner.run(tiny, str(tmp_path), progress=False) == rows  # finished: reused
 
 
 def test_compose_builds_each_model_from_the_right_parts(tiny):
@@ -96,16 +97,16 @@ def test_bad_testbed_configs_fail_before_training(tiny, tmp_path):
   c = tiny
   c.merge.swaps = ("2,2,1",)  # 2 + 1 + 1 + 2 > 4 blocks
   with pytest.raises(ValueError, match="exceeds the model's 4"):
-    experiment.run(c, str(tmp_path / "a"), progress=False)
+    runner.run(c, str(tmp_path / "a"), progress=False)
   assert not os.path.exists(tmp_path / "a" / "base")
   c.merge.swaps = ("1,1,0",)
   c.data.base = c.data.base + (("add_digit", "letter", 5),)
   with pytest.raises(ValueError, match="must not learn it"):
-    experiment.run(c, str(tmp_path / "b"), progress=False)
+    runner.run(c, str(tmp_path / "b"), progress=False)
   c.data.base = c.data.base[:-1]
   c.data.language = (("max", "standard", 10),)
   with pytest.raises(ValueError, match=r"data.language holds \(max, standard\)"):
-    experiment.run(c, str(tmp_path / "c"), progress=False)
+    runner.run(c, str(tmp_path / "c"), progress=False)
 
 
 def test_arithmetic_problems():

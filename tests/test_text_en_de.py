@@ -11,8 +11,8 @@ import os
 import jax
 import pytest
 
-from xlt import sharding
-from xlt import text_transfer as tt
+from xlt import runner, sharding
+from xlt.experiments import text as tt
 from xlt.data import corpus
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -108,8 +108,8 @@ def test_en_de_end_to_end(tmp_path):
   c.eval.batch_size = 64
   c.samples.num_prompts = 0  # sampling is covered by test_text_experiment (a compile per prompt)
   c.mesh.data = 1
-  rows = tt.run(c, str(tmp_path / "run"), progress=False,
-                mesh=sharding.make_mesh(c.mesh, jax.devices()[:1]))
+  rows = runner.run(c, str(tmp_path / "run"), progress=False,
+                    mesh=sharding.make_mesh(c.mesh, jax.devices()[:1]))
   assert {(r["language"], r["role"]) for r in rows} == {("en", "source"), ("de", "target")}
   assert {r["condition"] for r in rows} == set(tt.CONDITIONS)
   docs = {(r["condition"], r["language"]): r["samples"] for r in rows}

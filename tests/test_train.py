@@ -2,15 +2,16 @@ import jax
 import numpy as np
 import pytest
 
-from xlt import ensemble, loop, model, sharding, transfer
+from xlt import ensemble, loop, model, sharding
 from xlt import train as train_lib
 from xlt.data import common
+from xlt.experiments import synthetic
 
 
 def _members(c, seeds=(0, 1)):
-  task = transfer.get_task(c)
+  task = synthetic.get_task(c)
   enc = common.encode_examples(task.train[c.mixture.source], task.tokenizer, task.seq_len)
-  cfg = transfer.model_config(c, task)
+  cfg = synthetic.model_config(c, task)
   arrays = {"tokens": enc.tokens, "loss_mask": enc.loss_mask}
   return cfg, [loop.Member(f"m{s}", s, arrays) for s in seeds]
 
@@ -145,11 +146,11 @@ def test_bad_configs_give_clear_errors(graph_config, tmp_path):
   c = graph_config
   c.mixture.target = "edge_klingon"
   with pytest.raises(ValueError, match="unknown graph language"):
-    transfer.get_task(c)
+    synthetic.get_task(c)
   c.mixture.target = "edge_plain"
   c.mixture.target_samples = 10**6
   with pytest.raises(ValueError, match="distinct shortest paths"):
-    transfer.get_task(c)
+    synthetic.get_task(c)
   with pytest.raises(ValueError, match="does not divide the 8 devices"):
     sharding.make_mesh({"data": 3, "fsdp": -1})
   with pytest.raises(ValueError, match="needs 4 devices"):
@@ -158,7 +159,7 @@ def test_bad_configs_give_clear_errors(graph_config, tmp_path):
     sharding.check_batch(12, sharding.make_mesh({"data": 8}))
   c.task = "chess"
   with pytest.raises(ValueError, match="unknown task"):
-    transfer.get_task(c)
+    synthetic.get_task(c)
 
 
 @pytest.mark.parametrize("strategy", ["auto", "devices"])

@@ -1,4 +1,4 @@
-"""Evaluation: batched greedy decoding with a KV cache, and perplexity.
+"""Evaluation: batched greedy decoding with a KV cache, and scoring each member's answers.
 
 Prompts of different lengths share one batch: the cache is prefilled up to the
 shortest prompt, then each step either copies the next prompt token (rows whose prompt
@@ -19,6 +19,7 @@ from xlt import distributed
 from xlt import ensemble as ensemble_lib
 from xlt import model as model_lib
 from xlt import sharding
+from xlt.data import common
 
 
 def greedy_decode(cfg: model_lib.Config, params, prompts_BxP, prompt_len_B, *, max_new: int,
@@ -150,3 +151,29 @@ def decode_answers(cfg, params, prompt_sets: list[list[list[int]]], *, max_new: 
         gen = row[plen:].tolist()
         out[k].append(gen[: gen.index(eos_id)] if eos_id in gen else gen)
   return [o[:n] for o in out]
+
+
+def score_members(cfg, params, task: common.Task, sets: dict[str, common.EvalSet],
+                  member_langs: list[list[str]], batch: int,
+                  predictions: list | None = None) -> list[dict[str, dict[str, float]]]:
+  """Decodes every member on each of its languages' sets; returns, per member,
+  {language: {metric: mean over the set}}. With a `predictions` list, appends one record per
+  member and prompt: {"member": index, "set", "prompt", "answer", "scores"}."""
+  tok = task.tokenizer
+  out = [{} for _ in member_langs]
+  for lang, es in sets.items():
+    members = [i for i, ls in enumerate(member_langs) if lang in ls]
+    if not members:
+      continue
+    sub = ensemble_lib.take(params, np.asarray(members))
+    prompt_ids = [tok.encode(p) for p in es.prompts]
+    answers = decode_answers(cfg, sub, [prompt_ids] * len(members), max_new=es.max_new,
+                             eos_id=tok.eos_id, batch=batch)
+    for i, ans in zip(members, answers):
+      decoded = [tok.decode(a) for a in ans]
+      scores = [es.score(j, d) for j, d in enumerate(decoded)]
+      out[i][lang] = {k: float(np.mean([s[k] for s in scores])) for k in scores[0]}
+      if predictions is not None:
+        predictions += [{"member": i, "set": lang, "prompt": " ".join(p), "answer": " ".join(d), "scores": sc}
+                        for p, d, sc in zip(es.prompts, decoded, scores)]
+  return out

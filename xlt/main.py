@@ -13,16 +13,16 @@ Several processes run one experiment together when started with `--coordinator_a
 multi-task `srun` step, which jax detects (xlt.distributed). Only process 0 prints and writes.
 
 A grid config's points run one after another, or with `--point_workers=N` on a CPU N at a
-time, each in its own process pinned to its own cores (xlt.grid.run_in_workers). So can the
-members of one synthetic-task experiment: `--member_workers=N` trains them in N shares, one
-process each (xlt.transfer.run_in_workers).
+time, each in its own process pinned to its own cores (xlt.grid.run_in_workers). Any other
+config is one experiment, run by xlt.runner.
 
-Errors a user can fix (a bad config value, a missing file, a damaged checkpoint, a mesh that
-does not fit the devices, incomplete process flags) end the command with one line on stderr
-and exit status 2, so cluster scripts can tell them apart from a crash; `--traceback` shows
-the whole trace.
+Errors a user can fix (a bad flag or config field, a missing file, a damaged checkpoint, a
+mesh that does not fit the devices, incomplete process flags) end the command with one line
+on stderr and exit status 2, so cluster scripts can tell them apart from a crash;
+`--traceback` shows the whole trace.
 """
 
+import difflib
 import os
 import sys
 
@@ -46,21 +46,14 @@ _POINTS = flags.DEFINE_list(
 _POINT_WORKERS = flags.DEFINE_integer(
     "point_workers", 1, "with a grid config on a CPU: train this many points at once, each in its "
     "own process on its own cores (xlt.grid.run_in_workers), e.g. 2 on a 2-core machine")
-_MEMBER_WORKERS = flags.DEFINE_integer(
-    "member_workers", 1, "with a graph or addition experiment on a CPU: train its members in this many "
-    "shares at once, each in its own process on its own cores (xlt.transfer.run_in_workers)")
-_MEMBER_SHARE = flags.DEFINE_string(
-    "member_share", None, "i/N: train only share i of N of the experiment's members (what "
-    "--member_workers=N starts its workers with)")
 flags.mark_flags_as_required(["config", "workdir"])
 
-# flags a worker's command sets itself
-_WORKER_DROPS = ("points", "point_workers", "member_workers", "member_share")
+_WORKER_DROPS = ("points", "point_workers")  # flags a worker's command sets itself
 
 
 def worker_command(argv: list[str], *extra: str) -> list[str]:
   """The command of a worker: this command's flags (the config and its overrides) without
-  the worker flags, and with `extra` (e.g. --points=<point>, --member_share=0/2)."""
+  the worker flags, and with `extra` (e.g. --points=<point>)."""
   out, skip = [], False
   for arg in argv[1:]:
     if skip:
@@ -74,18 +67,95 @@ def worker_command(argv: list[str], *extra: str) -> list[str]:
   return [sys.executable, "-m", "xlt.main", *out, *extra]
 
 
-def parse_share(value: str) -> tuple[int, int]:
+def _user_error(message: str):
+  print(f"xlt: error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing (app.run's flags_parser), with its errors as user errors: an unknown
+  config field (named with the nearest one), a bad value, a missing config file."""
   try:
-    share, shares = (int(v) for v in value.split("/"))
-  except ValueError:
-    raise ValueError(f"--member_share={value!r}: expected i/N, e.g. 0/2") from None
-  return share, shares
+    rest = flags.FLAGS(argv)
+    _CONFIG.value.get("task")  # a config file that failed to load raises only when read
+    return rest
+  except Exception as e:  # noqa: BLE001  (each is explained in one line below, or re-raised)
+    if "--traceback" in argv:
+      raise
+    _user_error(_flag_error(argv, e))
+
+
+def _flag_error(argv: list[str], error: Exception) -> str:
+  """One line saying what is wrong with the command line `argv`, which failed with `error`."""
+  spec = _config_spec(argv)
+  path = spec.split(":", 1)[0] if spec else None
+  if path and not os.path.isfile(path):
+    return f"--config={spec}: no such config file"
+  if path and isinstance(error, (AttributeError, KeyError)):
+    try:
+      unknown = _unknown_field(spec, argv)
+    except Exception:  # noqa: BLE001  (the config file itself fails: its own error says more)
+      unknown = None
+    if unknown:
+      return unknown
+  lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+  if not lines:
+    return type(error).__name__
+  if any(line.startswith("Traceback") for line in lines):  # the config file raised
+    return f"{lines[0].removeprefix('flag ').rstrip(':')}: {lines[-1]}"
+  return " ".join(lines).removeprefix("flag ")
+
+
+def _config_spec(argv: list[str]) -> str | None:
+  """The value of --config in `argv` (path[:argument]), or None."""
+  for i, a in enumerate(argv):
+    name, eq, value = a.lstrip("-").partition("=")
+    if a.startswith("-") and name == "config":
+      return value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+  return None
+
+
+def _unknown_field(spec: str, argv: list[str]) -> str | None:
+  """The first `--config.<field>` override of `argv` that the config `spec` lacks, named with
+  the nearest field it has; None if every one exists (the error was something else)."""
+  import importlib.util
+
+  path, _, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("xlt_config_of_the_error", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  fields = _dotted(module.get_config(arg) if arg else module.get_config())
+  for a in argv:
+    if not a.lstrip("-").startswith("config."):
+      continue
+    field = a.lstrip("-")[len("config."):].split("=", 1)[0]
+    if field in fields:
+      continue
+    near = difflib.get_close_matches(field, [f for f in fields if not field.startswith(f + ".")], n=1)
+    if near:
+      return f"--config.{field}: the config has no field {field!r} (nearest: {near[0]!r})"
+    parts = field.split(".")
+    group = next((".".join(parts[:k]) for k in range(len(parts) - 1, 0, -1) if ".".join(parts[:k]) in fields), "")
+    siblings = [f for f in fields if f.rpartition(".")[0] == group]
+    return (f"--config.{field}: the config has no field {field!r} (the fields of "
+            f"{repr(group) if group else 'the config'}: {', '.join(siblings)})")
+  return None
+
+
+def _dotted(node, prefix: str = "") -> list[str]:
+  """Every field of a config, dotted ("train.steps"), groups included."""
+  out = []
+  for k, v in node.items():
+    out.append(prefix + k)
+    if hasattr(v, "items"):
+      out += _dotted(v, prefix + k + ".")
+  return out
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint file at INFO
-  from xlt import checkpoint, distributed, experiment, grid
+  from xlt import checkpoint, distributed, grid, runner
 
   c = _CONFIG.value
   try:
@@ -93,13 +163,6 @@ def main(argv):
     if not distributed.is_main():
       # process 0 prints the tables and summaries; the others (C++ libraries included) nothing
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    if _MEMBER_WORKERS.value < 1:
-      raise ValueError(f"--member_workers={_MEMBER_WORKERS.value}: expected >= 1")
-    split_members = _MEMBER_WORKERS.value != 1 or _MEMBER_SHARE.value is not None
-    if split_members and (c.get("grid") or experiment.RUNNERS.get(c.task) != "xlt.transfer"):
-      raise ValueError("--member_workers splits one graph or addition experiment; "
-                       + ("a grid config's points split with --point_workers" if c.get("grid") else
-                          f"the {c.task!r} runner trains its members in one process"))
     if c.get("grid"):
       if _STOP_AFTER.value is not None:
         raise ValueError("--stop_after stops one experiment; a grid config runs several")
@@ -110,17 +173,8 @@ def main(argv):
         grid.run(c, _WORKDIR.value, only=_POINTS.value)
     elif _POINTS.value is not None or _POINT_WORKERS.value != 1:
       raise ValueError("--points and --point_workers are for a grid config; this config has no grid")
-    elif _MEMBER_SHARE.value is not None:
-      share, shares = parse_share(_MEMBER_SHARE.value)
-      experiment.run(c, _WORKDIR.value, stop_after=_STOP_AFTER.value, share=share, shares=shares)
-    elif _MEMBER_WORKERS.value > 1:
-      if _STOP_AFTER.value is not None:
-        raise ValueError("--stop_after stops one process's training; with --member_workers use --member_share")
-      from xlt import transfer
-      n = _MEMBER_WORKERS.value
-      transfer.run_in_workers(c, _WORKDIR.value, lambda i: worker_command(sys.argv, f"--member_share={i}/{n}"), n)
     else:
-      experiment.run(c, _WORKDIR.value, stop_after=_STOP_AFTER.value)
+      runner.run(c, _WORKDIR.value, stop_after=_STOP_AFTER.value)
   except workers.WorkerFailed as e:  # the worker's log has the trace
     print(f"xlt: error: {e}", file=sys.stderr)
     sys.exit(1)
@@ -134,7 +188,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  workers.die_with_parent()  # a grid's or an experiment's worker ends with its parent
+  workers.die_with_parent()  # a grid's worker ends with its parent
   cpu_devices.configure()  # before jax is imported, and before a re-execution inherits the env
   allocator.preload()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

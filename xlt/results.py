@@ -16,6 +16,7 @@ import csv
 import io
 import json
 import os
+from typing import Sequence
 
 import numpy as np
 
@@ -54,6 +55,13 @@ def write(workdir: str, rows: list[dict]):
   for r in rows:
     w.writerow({**r, "values": " ".join(f"{v:.6g}" for v in r["values"])})
   atomic_write(os.path.join(workdir, "results.csv"), buf.getvalue())
+
+
+def write_predictions(path: str, records: list[dict], member_names: Sequence[str]):
+  """predictions.jsonl: each test prompt's decoded answer and scores, per member (by name),
+  so errors can be read; written atomically."""
+  lines = (json.dumps({**r, "member": member_names[r["member"]]}, ensure_ascii=False) for r in records)
+  atomic_write(path, "\n".join(lines) + "\n")
 
 
 def fmt(row: dict | None, percent: bool = True) -> str:

@@ -1,47 +1,95 @@
-"""What every experiment runner shares: the seeds of a condition, training an ensemble while
-keeping each member's best-validation parameters, greedy-decoding scores, and the outputs that
-mark a workdir finished.
+"""The run of every experiment: `run(c, workdir)` claims or resumes the workdir, has the kind
+of `c.task` (xlt.experiments) prepare its data, trains its stages, has it test them, and
+writes the outputs that mark the workdir finished. main.py, grid.py, the tests, the notebooks
+and the benchmarks all start experiments here.
 
-A runner (`xlt.transfer`, `xlt.text_transfer`, ...) plans its cells, has its task build the
-data and a validation score, then calls `train_and_select`, scores the selected parameters on
-test data and hands its rows to `write_outputs`. This module imports no runner, so a runner
-(or the merge testbed) can use it without an import cycle.
+A kind is a module of xlt.experiments with three functions; the runner calls them in order
+and owns everything between them (the workdir, training and selection, timing, the files):
+
+  prepare(c, workdir) -> prep
+      Checks the config, plans the members and builds the data; anything the later parts
+      need goes in `prep` (the kind's own object). A config that could not finish fails
+      here, before anything trains.
+  stages(c, prep, trained) -> iterator of common.Stage
+      The ensembles to train, in order. The runner trains each one it is given (keeping
+      every member's best-validation parameters, `train_and_select`) and stores the result
+      as `trained[stage.name]` (a common.Trained) before asking for the next, so a later
+      stage can start from an earlier one (the testbed's base -> fine-tunes).
+  outputs(c, prep, trained, workdir) -> (rows, table_md, summary)
+      Tests the trained parameters, writes the kind's own files (predictions, plots,
+      samples) and returns the results rows, table.md's text and summary.json's dict.
+
+Kinds:
+  graph, addition  xlt.experiments.synthetic  language mixing on the synthetic tasks (Tables 2, 3)
+  text             xlt.experiments.text       language modelling, perplexity (Table 4)
+  arithmetic       xlt.experiments.testbed    the merge testbed: base -> experts -> merges -> scores
+
+A finished workdir (it holds results.json) returns its rows without training or testing; an
+unfinished one resumes every stage from its checkpoints, so a killed run started again with
+the same command ends as the uninterrupted one would. `stop_after` ends a run early, as a
+preemption would: it returns no rows.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Sequence
+import time
+from typing import Sequence
 
-import jax
-import numpy as np
 from flax import traverse_util
 
 from xlt import checkpoint as ckpt_lib
-from xlt import ensemble as ensemble_lib
-from xlt import evaluate as eval_lib
+from xlt import experiments
 from xlt import loop as loop_lib
 from xlt import model as model_lib
 from xlt import results as results_lib
-from xlt.data import common
+from xlt.experiments import common
 
 
-def condition_seeds(c, cond: str) -> list[int]:
-  """The seeds a condition is trained with: `c.num_seeds`, or `c.seeds_per_condition[cond]`
-  (the reference repeats only its mixed models; the alone baselines can run once)."""
-  n = int(c.get("seeds_per_condition", {}).get(cond, c.num_seeds))
-  if n < 1:
-    raise ValueError(f"condition {cond!r} needs >= 1 seed, got {n} (num_seeds / seeds_per_condition)")
-  return list(range(c.seed, c.seed + n))
+def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None, mesh=None) -> list[dict]:
+  """Runs the experiment `c` describes in `workdir`; returns its results rows (empty if stopped
+  early by `stop_after`, which applies to each training stage). `mesh` overrides the one
+  the config describes (a test on one device)."""
+  kind = experiments.kind(c.task)  # an unknown task fails before anything is written
+  workdir, rows = open_workdir(c, workdir)
+  if rows is not None:
+    return rows
+  t0 = time.time()
+  prep = kind.prepare(c, workdir)
+  trained: dict[str, common.Trained] = {}
+  for stage in kind.stages(c, prep, trained):
+    params, out = train_stage(c, stage, workdir, stop_after=stop_after, progress=progress, mesh=mesh)
+    if params is None:
+      return []
+    trained[stage.name] = common.Trained(params, out, stage, time.time() - t0)
+  rows, table_md, summary = kind.outputs(c, prep, trained, workdir)
+  summary.setdefault("wall_s", time.time() - t0)
+  write_outputs(workdir, rows, table_md, summary)
+  print(table_md)
+  print(json.dumps({k: v for k, v in summary.items() if k == "wall_s" or isinstance(v, (int, float, str))},
+                   default=float))
+  return rows
+
+
+def train_stage(c, stage: common.Stage, workdir: str, *, stop_after=None, progress=True, mesh=None):
+  """Trains one stage in its folder; returns (params, the loop's output), params None if the
+  run stopped early."""
+  where = workdir if stage.subdir == "" else os.path.join(workdir, stage.subdir or stage.name)
+  config = stage.config if stage.config is not None else c
+  if stage.val_score is None:
+    out = loop_lib.train_ensemble(config, stage.model, stage.members, None, where, tx=stage.tx, mesh=mesh,
+                                  stop_after=stop_after, progress=progress, init_params=stage.init_params)
+    return (out["state"]["params"] if out["finished"] else None), out
+  return train_and_select(config, stage.model, stage.members, stage.val_score, where, init_params=stage.init_params,
+                          tx=stage.tx, mesh=mesh, stop_after=stop_after, progress=progress)
 
 
 def train_and_select(c, model_cfg: model_lib.Config, members: Sequence[loop_lib.Member],
-                     val_score: Callable[[object, np.ndarray], Sequence[float]], workdir: str, *,
-                     init_params=None, tx=None, mesh=None, stop_after: int | None = None,
-                     progress: bool = True):
+                     val_score: common.ValScore, workdir: str, *, init_params=None, tx=None, mesh=None,
+                     stop_after: int | None = None, progress: bool = True):
   """Trains `members` as one ensemble (`loop.train_ensemble`) and selects, per member, the
-  parameters of its best validation score: those are the models a runner tests, because a
+  parameters of its best validation score: those are the models a kind tests, because a
   member's score can dip between its best evaluation and the one that stops it.
 
   `val_score(params, ids) -> scores` (higher is better) scores the stacked params of the
@@ -70,39 +118,6 @@ def train_and_select(c, model_cfg: model_lib.Config, members: Sequence[loop_lib.
   return best.params(out["state"]["params"]), out
 
 
-def score_members(cfg, params, task: common.Task, sets: dict[str, common.EvalSet],
-                  member_langs: list[list[str]], batch: int,
-                  predictions: list | None = None) -> list[dict[str, dict[str, float]]]:
-  """Decodes every member on each of its languages' sets; returns, per member,
-  {language: {metric: mean over the set}}. With a `predictions` list, appends one record per
-  member and prompt: {"member": index, "set", "prompt", "answer", "scores"}."""
-  tok = task.tokenizer
-  out = [{} for _ in member_langs]
-  for lang, es in sets.items():
-    members = [i for i, ls in enumerate(member_langs) if lang in ls]
-    if not members:
-      continue
-    sub = ensemble_lib.take(params, np.asarray(members))
-    prompt_ids = [tok.encode(p) for p in es.prompts]
-    answers = eval_lib.decode_answers(cfg, sub, [prompt_ids] * len(members), max_new=es.max_new,
-                                      eos_id=tok.eos_id, batch=batch)
-    for i, ans in zip(members, answers):
-      decoded = [tok.decode(a) for a in ans]
-      scores = [es.score(j, d) for j, d in enumerate(decoded)]
-      out[i][lang] = {k: float(np.mean([s[k] for s in scores])) for k in scores[0]}
-      if predictions is not None:
-        predictions += [{"member": i, "set": lang, "prompt": " ".join(p), "answer": " ".join(d), "scores": sc}
-                        for p, d, sc in zip(es.prompts, decoded, scores)]
-  return out
-
-
-def write_predictions(path: str, records: list[dict], member_names: Sequence[str]):
-  """predictions.jsonl: each test prompt's decoded answer and scores, per member (by name),
-  so errors can be read; written atomically."""
-  lines = (json.dumps({**r, "member": member_names[r["member"]]}, ensure_ascii=False) for r in records)
-  results_lib.atomic_write(path, "\n".join(lines) + "\n")
-
-
 # Config fields that may differ between runs into one workdir: how often to log and save, and
 # how the devices are laid out (which moves results by float rounding only).
 MAY_CHANGE_ON_RESUME = ("train.log_every", "train.checkpoint_every", "mesh.")
@@ -114,8 +129,8 @@ def claim_workdir(c, workdir: str):
   A workdir holds one experiment: its checkpoints resume and its results are reused when the
   command is run again. Run again with another recipe (say `--config.train.steps`), it would
   silently continue or report the old one; so a config that differs from the recorded one in
-  a field that changes results is an error naming the fields. (A workdir from before this
-  check has no config.json: this run records its config.)"""
+  a field that changes results is an error naming the fields. (A workdir without a
+  config.json gets this run's.)"""
   now = json.loads(json.dumps(c.to_dict(), default=repr))
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):

@@ -3,8 +3,7 @@ pinned to cores of its own (xlt.cpu_devices.worker_env), with its output in a lo
 
 Why: one process keeps a 2-core CPU only partly busy with a small model's step (XLA's thread
 pool and the devices' rendezvous wait on each other); two single-core processes each keep
-theirs busy. A grid's points use it (`--point_workers`, xlt.grid) and so do the shares of
-one experiment's ensemble (`--member_workers`, xlt.transfer.run_in_workers).
+theirs busy. A grid's points use it (`--point_workers`, xlt.grid).
 """
 
 from __future__ import annotations

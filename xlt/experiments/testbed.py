@@ -16,6 +16,8 @@ The data flow, one stage per step, every stage an ensemble over seeds:
                  language's other operations; results rows, table.md, and the heatmaps of
                  where each expert changed (delta_<expert>.png).
 
+As a kind of xlt.runner, stages 1 and 2 (and testbed_peft's LoRA and trained-neuron stages
+after them) are `stages`, which the runner trains one after another; 3 and 4 are `outputs`.
 Each trained stage keeps its members' best-validation parameters and resumes from its
 checkpoints, so a killed run started again with the same command ends the same.
 """
@@ -23,7 +25,6 @@ checkpoints, so a killed run started again with the same command ends the same.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 
@@ -33,14 +34,15 @@ import numpy as np
 
 from xlt import distributed
 from xlt import ensemble as ensemble_lib
+from xlt import evaluate as eval_lib
 from xlt import loop as loop_lib
 from xlt import merge
 from xlt import model as model_lib
 from xlt import partition
 from xlt import results as results_lib
-from xlt import runner
-from xlt import testbed_peft
 from xlt.data import arithmetic, common
+from xlt.experiments import common as kind_lib
+from xlt.experiments import testbed_peft
 
 ALL = None  # a phase that trains every parameter
 
@@ -179,14 +181,23 @@ def _member(stacked, i):
   return distributed.to_host(ensemble_lib.take(stacked, i))
 
 
-def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None) -> list[dict]:
-  """Runs the testbed `c` describes in `workdir`; returns its results rows (empty if
-  stopped early by `stop_after`, which applies to each training stage)."""
-  workdir, rows = runner.open_workdir(c, workdir)
-  if rows is not None:
-    return rows
-  t0 = time.time()
-  seeds = runner.condition_seeds(c, "all")
+@dataclasses.dataclass(frozen=True)
+class Prep:
+  """What `prepare` built: the seeds, the evaluation sets of each role, the recipes, the
+  model, the task (tokenizer and evaluation sets) and the encoded training sets by name."""
+
+  seeds: list[int]
+  sets: dict[str, list[str]]
+  recipes: list[Recipe]
+  cfg: model_lib.Config
+  task: common.Task
+  data: dict[str, dict[str, np.ndarray]]
+
+
+def prepare(c, workdir: str) -> Prep:
+  """Checks the config against the model and builds the problem sets (in memory)."""
+  del workdir
+  seeds = kind_lib.condition_seeds(c, "all")
   sets = roles(c)
   recipes = plan(c)
   tok = common.WordTokenizer(arithmetic.symbols())
@@ -195,29 +206,51 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   if seq_len > cfg.block_size:
     raise ValueError(f"sequences of {seq_len} tokens do not fit model.block_size={cfg.block_size}")
   check(c, cfg.num_layers)
-  names = [n for r in sets.values() for n in r]
-  val_sets, test_sets = arithmetic.eval_sets(names, c.arithmetic)
+  val_sets, test_sets = arithmetic.eval_sets([n for r in sets.values() for n in r], c.arithmetic)
   task = common.Task(tokenizer=tok, seq_len=seq_len, train={}, val=val_sets, test=test_sets, info={})
   data = {k: (lambda e: {"tokens": e.tokens, "loss_mask": e.loss_mask})(
       common.encode_examples(v, tok, seq_len)) for k, v in datasets(c).items()}
+  return Prep(seeds, sets, recipes, cfg, task, data)
 
-  def val_score(member_sets):
-    def score(params, ids):
-      scored = runner.score_members(cfg, params, task, val_sets, [member_sets[i] for i in ids],
+
+def val_score(c, prep: Prep, member_sets: list[list[str]], plain=None) -> kind_lib.ValScore:
+  """Early stopping: a member's mean exact match over its validation sets (`member_sets`, by
+  member). `plain` turns a stage's params into plain model parameters first (LoRA, neurons)."""
+  def score(params, ids):
+    if plain is not None:
+      params = plain(params)
+    scored = eval_lib.score_members(prep.cfg, params, prep.task, prep.task.val, [member_sets[i] for i in ids],
                                     c.eval.batch_size)
-      return [np.mean([s[n]["exact_match"] for n in member_sets[i]]) for s, i in zip(scored, ids)]
-    return score
+    return [np.mean([s[n]["exact_match"] for n in member_sets[i]]) for s, i in zip(scored, ids)]
+  return score
 
-  # 1. base
-  base_sets = sets["language"] + sets["source_language"]
-  members = [loop_lib.Member(f"base/seed_{s}", s, data["base"]) for s in seeds]
-  base, out = runner.train_and_select(_stage(c, c.base), cfg, members, val_score([base_sets] * len(seeds)),
-                                      os.path.join(workdir, "base"), stop_after=stop_after, progress=progress)
-  if base is None:
-    return []
-  t_base = time.time() - t0
 
-  # 2. fine-tunes: every recipe x seed in one ensemble
+def stages(c, prep: Prep, trained: dict):
+  """1. the base; 2. every recipe x seed from its seed's base, in one ensemble; then the
+  parameter-efficient stages of testbed_peft (LoRA; MAET's short runs and key-neuron runs)."""
+  yield _base_stage(c, prep)
+  base = trained["base"].params
+  yield _finetune_stage(c, prep, base)
+  peft_val = lambda member_sets: val_score(c, prep, member_sets, plain=testbed_peft.plain)
+  if testbed_peft.lora_plan(c):
+    yield testbed_peft.lora_stage(c, prep, base, peft_val)
+  if c.get("maet_neurons") and c.maet_neurons.enabled:
+    yield testbed_peft.maet_short_stage(c, prep, base)
+    yield testbed_peft.maet_neurons_stage(c, prep, base, trained["maet_short"].params, peft_val)
+
+
+def _base_stage(c, prep: Prep) -> kind_lib.Stage:
+  """Trained from scratch on the non-task operations in both languages."""
+  base_sets = prep.sets["language"] + prep.sets["source_language"]
+  members = [loop_lib.Member(f"base/seed_{s}", s, prep.data["base"]) for s in prep.seeds]
+  return kind_lib.Stage("base", prep.cfg, members, val_score(c, prep, [base_sets] * len(prep.seeds)),
+                        config=_stage(c, c.base))
+
+
+def _finetune_stage(c, prep: Prep, base) -> kind_lib.Stage:
+  """Every recipe x seed in one ensemble under one gated optimizer: a member's recipe (which
+  partition cells each phase trains) is data. `info` holds the partition labels and cells."""
+  cfg, seeds = prep.cfg, prep.seeds
   one = _member(base, 0)
   presets = sorted(set(c.partition.presets) | set(c.simultaneous.presets))
   labels = {p: partition.labels(one, partition.preset_rules(
@@ -227,68 +260,62 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   flags = lambda what: tuple(bool(f) for f in (np.ones(len(cells), bool) if what is ALL else
                                                partition.cells_of(presets.index(what[0]), what[1], cells)))
   members, init, member_sets = [], [], []
-  for r in recipes:
+  for r in prep.recipes:
     for i, s in enumerate(seeds):
-      members.append(loop_lib.Member(f"{r.name}/seed_{s}", 1000 + s, tuple(data[d] for d, _ in r.phases),
+      members.append(loop_lib.Member(f"{r.name}/seed_{s}", 1000 + s, tuple(prep.data[d] for d, _ in r.phases),
                                      tuple(flags(w) for _, w in r.phases), r.steps_per_phase))
       init.append(_member(base, i))
-      member_sets.append([n for role in r.val for n in sets[role]])
+      member_sets.append([n for role in r.val for n in prep.sets[role]])
   ft = _stage(c, c.finetune)
-  print(f"testbed: {len(recipes)} recipes x {len(seeds)} seeds = {len(members)} fine-tuned models; "
+  print(f"testbed: {len(prep.recipes)} recipes x {len(seeds)} seeds = {len(members)} fine-tuned models; "
         f"partition cells {list(cells)}", flush=True)
-  tuned, tuned_out = runner.train_and_select(
-      ft, cfg, members, val_score(member_sets), os.path.join(workdir, "finetune"),
-      init_params=_stack(init), tx=partition.gated_optimizer(ft.opt, cell_tree, cells),
-      stop_after=stop_after, progress=progress)
-  if tuned is None:
-    return []
+  return kind_lib.Stage("finetune", cfg, members, val_score(c, prep, member_sets), config=ft,
+                        init_params=_stack(init), tx=partition.gated_optimizer(ft.opt, cell_tree, cells),
+                        info={"labels": labels, "cells": cells, "presets": presets})
 
-  # 2b. LoRA recipes, 2c-d. MAET's short runs and training on its key neurons (testbed_peft);
-  # their models are scored as plain parameters (LoRA merged into the base)
-  peft_val = lambda member_sets: (lambda params, ids: val_score(member_sets)(testbed_peft.plain(params), ids))
-  lora_adapters = maet_trained = None
-  if testbed_peft.lora_plan(c):
-    lora_adapters, _ = testbed_peft.train_lora(c, cfg, base, seeds, data, sets, peft_val, workdir,
-                                               stop_after=stop_after, progress=progress)
-    if lora_adapters is None:
-      return []
-  if c.get("maet_neurons") and c.maet_neurons.enabled:
-    maet_trained, _ = testbed_peft.train_maet_neurons(c, cfg, base, seeds, data, sets, peft_val, workdir,
-                                                      stop_after=stop_after, progress=progress)
-    if maet_trained is None:
-      return []
-  t_tune = time.time() - t0 - t_base
 
-  # 3. models per seed, 4. scores
+def outputs(c, prep: Prep, trained: dict, workdir: str):
+  """3. the models of each seed (`compose` and testbed_peft's), 4. their scores: results rows,
+  the table, the heatmaps of where each expert changed, and the summary."""
+  t = time.time()
+  base, tuned = trained["base"].params, trained["finetune"].params
+  info, seeds = trained["finetune"].stage.info, prep.seeds
+  lora_adapters = testbed_peft.lora_adapters(c, prep, trained["lora"]) if "lora" in trained else None
+  maet_trained = testbed_peft.maet_models(prep, trained["maet_neurons"]) if "maet_neurons" in trained else None
   per_seed = []
   for i, s in enumerate(seeds):
-    trained = {r.name: _member(tuned, k * len(seeds) + i) for k, r in enumerate(recipes)}
-    models = compose(c, _member(base, i), trained, labels, seed=s)
+    recipes = {r.name: _member(tuned, k * len(seeds) + i) for k, r in enumerate(prep.recipes)}
+    models = compose(c, _member(base, i), recipes, info["labels"], seed=s)
     if lora_adapters is not None:
       models.update(testbed_peft.compose_lora(c, _member(base, i), {k: v[i] for k, v in lora_adapters.items()}))
     if maet_trained is not None:
-      models.update(testbed_peft.compose_maet(c, _member(base, i), maet_trained[i], trained["language expert"]))
+      models.update(testbed_peft.compose_maet(c, _member(base, i), maet_trained[i], recipes["language expert"]))
     per_seed.append(models)
   model_names = list(per_seed[0])
-  scores = _score_all(cfg, task, per_seed, sets, c.eval.batch_size, seeds, workdir)
-  rows = _rows(c, model_names, scores, sets, seeds)
-  heatmaps = _heatmaps(c, workdir, base, tuned, recipes, seeds)
+  scores = _score_all(prep.cfg, prep.task, per_seed, prep.sets, c.eval.batch_size, seeds, workdir)
+  rows = _rows(c, model_names, scores, prep.sets, seeds)
+  heatmaps = _heatmaps(c, workdir, base, tuned, prep.recipes, seeds)
+  table = _table(c, rows, model_names, prep.sets)
+  return rows, table, _summary(c, trained, heatmaps, len(model_names), time.time() - t)
 
-  table = _table(c, rows, model_names, sets)
-  summary = {"members": {"base": len(seeds), "finetune": len(members),
-                         "lora": len(testbed_peft.lora_plan(c)) * len(seeds),
-                         "maet_neurons": 2 * len(seeds) if maet_trained is not None else 0}, "models_per_seed": len(model_names),
-             "params_per_model": model_lib.count_params(one), "partition_cells": list(cells),
-             "partition_summary": {p: partition.summary(labels[p], one) for p in presets},
-             "base_steps": out["step"], "finetune_best_steps": dict(zip([m.name for m in members], tuned_out["best_steps"])),
-             "finetune_stopped_at": dict(zip([m.name for m in members], tuned_out["stopped_at"])),
-             "heatmaps": heatmaps, "wall_s": {"base": t_base, "finetune": t_tune,
-                                              "merge_and_score": time.time() - t0 - t_base - t_tune,
-                                              "total": time.time() - t0}}
-  runner.write_outputs(workdir, rows, table, summary)
-  print(table)
-  print(json.dumps(summary["wall_s"]))
-  return rows
+
+def _summary(c, trained: dict, heatmaps: dict, models_per_seed: int, merge_s: float) -> dict:
+  seeds = len(trained["base"].stage.members)
+  info, finetune = trained["finetune"].stage.info, trained["finetune"]
+  one = _member(trained["base"].params, 0)
+  names = [m.name for m in finetune.stage.members]
+  t_base = trained["base"].done_s
+  t_trained = max(t.done_s for t in trained.values())
+  return {"members": {"base": seeds, "finetune": len(names), "lora": len(testbed_peft.lora_plan(c)) * seeds,
+                      "maet_neurons": 2 * seeds if "maet_neurons" in trained else 0},
+          "models_per_seed": models_per_seed, "params_per_model": model_lib.count_params(one),
+          "partition_cells": list(info["cells"]),
+          "partition_summary": {p: partition.summary(info["labels"][p], one) for p in info["presets"]},
+          "base_steps": trained["base"].out["step"],
+          "finetune_best_steps": dict(zip(names, finetune.out["best_steps"])),
+          "finetune_stopped_at": dict(zip(names, finetune.out["stopped_at"])),
+          "heatmaps": heatmaps, "wall_s": {"base": t_base, "finetune": t_trained - t_base,
+                                           "merge_and_score": merge_s, "total": t_trained + merge_s}}
 
 
 def _score_all(cfg, task, per_seed, sets, batch, seeds, workdir, chunk: int = 48):
@@ -301,14 +328,14 @@ def _score_all(cfg, task, per_seed, sets, batch, seeds, workdir, chunk: int = 48
     part = flat[start:start + chunk]
     stacked = jax.device_put(_stack([p for _, _, p in part]))
     records = []
-    scored = runner.score_members(cfg, stacked, task, {n: task.test[n] for n in wanted},
+    scored = eval_lib.score_members(cfg, stacked, task, {n: task.test[n] for n in wanted},
                                   [wanted] * len(part), batch, records)
     predictions += [{**r, "member": start + r["member"]} for r in records]
     for (name, i, _), s in zip(part, scored):
       for n, metrics in s.items():
         for k, v in metrics.items():
           out.setdefault(name, {}).setdefault(n, {}).setdefault(k, [None] * len(per_seed))[i] = v
-  runner.write_predictions(os.path.join(workdir, "predictions.jsonl"), predictions,
+  results_lib.write_predictions(os.path.join(workdir, "predictions.jsonl"), predictions,
                            [f"{name}/seed_{seeds[i]}" for name, i, _ in flat])
   return out
 

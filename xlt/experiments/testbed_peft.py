@@ -1,5 +1,5 @@
-"""The merge testbed's parameter-efficient recipes (xlt.testbed runs them after its full
-fine-tunes): LoRA versions of the recipes, and MAET with trained neurons.
+"""The merge testbed's parameter-efficient recipes (stages of xlt.experiments.testbed, after
+its full fine-tunes): LoRA versions of the recipes, and MAET with trained neurons.
 
 LoRA (xlt.lora), one ensemble of every LoRA recipe x seed, from each seed's base:
   LoRA task / language expert      adapters on every attn / mlp projection;
@@ -22,7 +22,6 @@ MAET with trained neurons (xlt.neurons), MAET's extraction stage end to end:
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import jax
 import ml_collections
@@ -30,8 +29,9 @@ import numpy as np
 
 from xlt import ensemble as ensemble_lib
 from xlt import loop as loop_lib
-from xlt import lora, merge, neurons, partition, runner
+from xlt import lora, merge, neurons, partition
 from xlt import train as train_lib
+from xlt.experiments import common as kind_lib
 
 ALL = None
 
@@ -75,13 +75,13 @@ def check(c, num_layers: int):
 
 
 def plain(stacked):
-  """Stacked composites (LoRA or neuron-masked) as stacked plain parameters: LoRA merged
-  into its base, a neuron composite's params."""
-  if lora.is_composite(stacked):
-    return jax.jit(jax.vmap(lora.merge_into))(stacked["base"], stacked["lora"])
-  if neurons.is_composite(stacked):
-    return stacked["params"]
-  return stacked
+  """Stacked composites (xlt.composite: LoRA or neuron-masked) as stacked plain parameters:
+  LoRA merged into its base, a neuron composite's params."""
+  from xlt import composite
+
+  if not composite.is_composite(stacked):
+    return stacked
+  return jax.jit(jax.vmap(composite.merged))(stacked)
 
 
 def _stack(trees):
@@ -99,10 +99,10 @@ def _stage(c, train, opt) -> ml_collections.ConfigDict:
   return s
 
 
-def train_lora(c, cfg, base, seeds, data, sets, val_score, workdir, *, stop_after=None, progress=True):
-  """Stage 2b: every LoRA recipe x seed in one ensemble. Returns ({recipe name: [adapters
-  per seed]}, loop output), or (None, out) when stopped early."""
-  recipes = lora_plan(c)
+def lora_stage(c, prep, base, val_score) -> kind_lib.Stage:
+  """Stage 2b: every LoRA recipe x seed in one ensemble, from each seed's base (`prep` is the
+  testbed's: cfg, seeds, data, sets; `val_score(member_sets)` scores merged parameters)."""
+  recipes, cfg, seeds = lora_plan(c), prep.cfg, prep.seeds
   one = _member(base, 0)
   presets = sorted(set(c.lora.presets) | set(c.lora.simultaneous_presets)) or ["C"]
   labels = {p: partition.labels(one, partition.preset_rules(p, cfg.num_layers, c.partition.bottom, c.partition.top,
@@ -116,22 +116,22 @@ def train_lora(c, cfg, base, seeds, data, sets, val_score, workdir, *, stop_afte
   members, init, member_sets = [], [], []
   for r in recipes:
     for i, s in enumerate(seeds):
-      members.append(loop_lib.Member(f"{r.name}/seed_{s}", 2000 + s, tuple(data[d] for d, _ in r.phases),
+      members.append(loop_lib.Member(f"{r.name}/seed_{s}", 2000 + s, tuple(prep.data[d] for d, _ in r.phases),
                                      tuple(flags(w) for _, w in r.phases), r.steps_per_phase))
       init.append({"base": _member(base, i),
                    "lora": lora.init(one, jax.random.key(3000 + s), rank=c.lora.rank, alpha=c.lora.alpha)})
-      member_sets.append([n for role in r.val for n in sets[role]])
+      member_sets.append([n for role in r.val for n in prep.sets[role]])
   st = _stage(c, c.lora.train, c.lora.opt)
   print(f"testbed: {len(recipes)} LoRA recipes x {len(seeds)} seeds, rank {c.lora.rank}, "
         f"{lora.num_params(adapters0):,} adapter parameters per model; cells {list(cells)}", flush=True)
-  tuned, out = runner.train_and_select(
-      st, cfg, members, val_score(member_sets), os.path.join(workdir, "lora"), init_params=_stack(init),
-      tx=partition.gated_optimizer(st.opt, cell_tree, cells), stop_after=stop_after, progress=progress)
-  if tuned is None:
-    return None, out
-  adapters = tuned["lora"]
-  return {r.name: [_member(adapters, k * len(seeds) + i) for i in range(len(seeds))]
-          for k, r in enumerate(recipes)}, out
+  return kind_lib.Stage("lora", cfg, members, val_score(member_sets), config=st, init_params=_stack(init),
+                        tx=partition.gated_optimizer(st.opt, cell_tree, cells))
+
+
+def lora_adapters(c, prep, trained) -> dict:
+  """The trained LoRA stage as {recipe name: [adapters per seed]}."""
+  n, adapters = len(prep.seeds), trained.params["lora"]
+  return {r.name: [_member(adapters, k * n + i) for i in range(n)] for k, r in enumerate(lora_plan(c))}
 
 
 def compose_lora(c, base, adapters: dict) -> dict:
@@ -152,19 +152,22 @@ def compose_lora(c, base, adapters: dict) -> dict:
   return {k: jax.tree.map(np.asarray, v) for k, v in models.items()}  # (tree.map would sort the names)
 
 
-def train_maet_neurons(c, cfg, base, seeds, data, sets, val_score, workdir, *, stop_after=None, progress=True):
-  """Stages 2c-2d: short runs, key neurons, training on them. Returns ([{"ability",
-  "source", "ability_neurons", "source_neurons"} per seed], out) or (None, out)."""
-  m = c.maet_neurons
-  short = _stage(c, m.short.train, m.short.opt)
-  members = [loop_lib.Member(f"MAET short {d}/seed_{s}", 4000 + s, data[d]) for d in ("task", "source_language")
+def maet_short_stage(c, prep, base) -> kind_lib.Stage:
+  """Stage 2c: short runs from the base on the task data and on the source-language data,
+  kept as they end (no selection): only where they changed matters."""
+  m, seeds = c.maet_neurons, prep.seeds
+  members = [loop_lib.Member(f"MAET short {d}/seed_{s}", 4000 + s, prep.data[d]) for d in ("task", "source_language")
              for s in seeds]
-  out = loop_lib.train_ensemble(short, cfg, members, None, os.path.join(workdir, "maet_short"),
-                                init_params=_stack([_member(base, i) for _ in range(2) for i in range(len(seeds))]),
-                                stop_after=stop_after, progress=progress)
-  if not out["finished"]:
-    return None, out
-  ran = out["state"]["params"]
+  return kind_lib.Stage("maet_short", prep.cfg, members, None, config=_stage(c, m.short.train, m.short.opt),
+                        init_params=_stack([_member(base, i) for _ in range(2) for i in range(len(seeds))]))
+
+
+def maet_neurons_stage(c, prep, base, ran, val_score) -> kind_lib.Stage:
+  """Stage 2d: the key neurons of the short runs `ran` (the top key_ratio rows by change, N_A
+  and N_L0), then the ability model trained on the task data on N_A u N_L0 only and the
+  source-language model on the source-language data on N_L0 only. `info["located"]` holds
+  (base, ability neurons, source neurons) per seed."""
+  m, seeds = c.maet_neurons, prep.seeds
   located = []
   for i in range(len(seeds)):
     b = _member(base, i)
@@ -175,20 +178,23 @@ def train_maet_neurons(c, cfg, base, seeds, data, sets, val_score, workdir, *, s
   for role, d in (("ability", "task"), ("source", "source_language")):
     for i, s in enumerate(seeds):
       b, union, source = located[i]
-      members.append(loop_lib.Member(f"MAET {role} model (trained neurons)/seed_{s}", 5000 + s, data[d]))
+      members.append(loop_lib.Member(f"MAET {role} model (trained neurons)/seed_{s}", 5000 + s, prep.data[d]))
       init.append(neurons.composite(b, union if role == "ability" else source))
-      member_sets.append(sets["task" if role == "ability" else "source_language"])
+      member_sets.append(prep.sets["task" if role == "ability" else "source_language"])
   ft = _stage(c, c.finetune.train, c.finetune.opt)
   print(f"testbed: MAET key neurons, seed {seeds[0]}: ability + source {neurons.describe(located[0][1])}, "
         f"source {neurons.describe(located[0][2])}", flush=True)
-  tuned, out = runner.train_and_select(
-      ft, cfg, members, val_score(member_sets), os.path.join(workdir, "maet_neurons"), init_params=_stack(init),
-      tx=neurons.masked(train_lib.make_optimizer(ft.opt)), stop_after=stop_after, progress=progress)
-  if tuned is None:
-    return None, out
-  n = len(seeds)
-  return [{"ability": _member(tuned["params"], i), "source": _member(tuned["params"], n + i),
-           "ability_neurons": located[i][1], "source_neurons": located[i][2]} for i in range(n)], out
+  return kind_lib.Stage("maet_neurons", prep.cfg, members, val_score(member_sets), config=ft,
+                        init_params=_stack(init), tx=neurons.masked(train_lib.make_optimizer(ft.opt)),
+                        info={"located": located})
+
+
+def maet_models(prep, trained) -> list[dict]:
+  """The trained-neuron stage per seed: {"ability", "source", "ability_neurons",
+  "source_neurons"}."""
+  n, params, located = len(prep.seeds), trained.params["params"], trained.stage.info["located"]
+  return [{"ability": _member(params, i), "source": _member(params, n + i),
+           "ability_neurons": located[i][1], "source_neurons": located[i][2]} for i in range(n)]
 
 
 def compose_maet(c, base, trained: dict, language_expert) -> dict:

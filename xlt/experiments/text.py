@@ -29,18 +29,20 @@ validation score, so a small training set is not penalised for overfitting past 
   their translation), and the early-stopping number is never reported as a test number.
 A member stops `c.train.patience` evaluations after its best; the parameters tested are those
 of its best validation score (`runner.train_and_select`, saved in the workdir so a resumed run
-agrees). Run again on a finished workdir, it trains nothing and tests again (the synthetic runner
-reuses its results instead).
+agrees). Run again on a finished workdir, it returns the results it wrote, as every kind does.
 
 Results. Every member is scored on both languages' test rows: ppl_token = exp(NLL / scored
 targets) (shared tokenizer, so comparable across conditions), ppl_char and ppl_byte =
 exp(NLL / characters or UTF-8 bytes of the test documents) (comparable across tokenizers; use
 characters across languages). Rows (`results.make_row`): language, role "target" (low) or
 "source" (high), condition, metric, values per seed, samples = training documents of that
-language in the condition. Writes table.md (Table 4's shape, with the relative improvement of
-mixed over limited, (limited - mixed) / limited), curves.png (validation perplexity),
-train_loss.png, samples.txt (sampled continuations of test-document prompts), summary.json and,
-last (`runner.write_outputs`), results.json/.csv.
+language in the condition. The table has Table 4's shape, with the relative improvement of
+mixed over limited, (limited - mixed) / limited. Writes curves.png (validation perplexity),
+train_loss.png and samples.txt (sampled continuations of test-document prompts); the runner
+writes table.md, summary.json and, last, results.json/.csv.
+
+A kind of xlt.runner: `prepare` builds the data (`get_task`), `stages` is the one ensemble,
+`outputs` tests it.
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ import dataclasses
 import json
 import logging
 import os
-import time
 
 import jax
 import numpy as np
@@ -59,10 +60,10 @@ from xlt import distributed, lm
 from xlt import loop as loop_lib
 from xlt import model as model_lib
 from xlt import results as results_lib
-from xlt import runner
 from xlt.data import corpus
 from xlt.data import packing
 from xlt.data import text
+from xlt.experiments import common as kind_lib
 
 CONDITIONS = ("high_only", "low_limited", "low_full", "mixed")
 ROLES = ("high", "low")
@@ -180,7 +181,7 @@ def write_samples(path, c, cfg, params, sp, names, member_ids, prompts, specs):
   rng = jax.random.key(c.seed)
   host = distributed.to_host(params)  # slice on the host: no per-leaf device ops
   for name, i in zip(names, member_ids):
-    one = jax.tree.map(lambda x: x[i], host)
+    one = jax.tree.map(lambda x, i=i: x[i], host)
     for role in ROLES:
       encoded = [[sp.bos_id()] + text.encode(sp, p) for p in prompts[role]]
       by_len = {}
@@ -266,7 +267,7 @@ def plan(c) -> list[tuple[str, int]]:
   conditions = list(c.conditions)
   for cond in conditions:
     condition_parts(cond)
-  return [(cond, seed) for cond in conditions for seed in runner.condition_seeds(c, cond)]
+  return [(cond, seed) for cond in conditions for seed in kind_lib.condition_seeds(c, cond)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,35 +329,44 @@ def model_config(c, task: TextTask) -> model_lib.Config:
   return model_lib.config_from(c.model.to_dict(), task.sp.get_piece_size())
 
 
-# ----------------------------------------------------------------------------------- run
+# ------------------------------------------------------------------------- runner parts
 
 
-def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None,
-        mesh=None) -> list[dict]:
-  """Runs the Table 4 experiment `c` describes; returns its results rows (empty if stopped
-  early by `stop_after`; a later call resumes from the workdir's checkpoint)."""
-  t0 = time.time()
-  os.makedirs(workdir, exist_ok=True)
-  runner.claim_workdir(c, workdir)
+@dataclasses.dataclass(frozen=True)
+class Prep:
+  """What `prepare` built: the cells (condition, seed), the data and the model."""
+
+  cells: list[tuple[str, int]]
+  task: TextTask
+  cfg: model_lib.Config
+
+
+def prepare(c, workdir: str) -> Prep:
+  """Plans the cells and builds the data: the tokenizer and packed rows go in the workdir."""
   cells = plan(c)
-  conditions = list(c.conditions)
-  task = get_task(c, workdir, conditions)
+  task = get_task(c, workdir, list(c.conditions))
   cfg = model_config(c, task)
-  specs = task.specs
   logging.info("text: vocab %d; train rows %s; test docs %s", cfg.vocab_size,
                {f"{r}/{s}": len(a) for (r, s), a in task.packed.items()},
                {r: s.documents for r, s in task.test_stats.items()})
+  return Prep(cells, task, cfg)
 
+
+def stages(c, prep: Prep, trained: dict):
+  """One ensemble of every condition x seed, trained in the workdir itself; each member stops
+  on -(validation NLL per token) of its target language."""
+  del trained
+  task, cfg = prep.task, prep.cfg
   members = []
-  for cond, seed in cells:
+  for cond, seed in prep.cells:
     arrays = [task.packed[p] for p in condition_parts(cond)]
     rows = arrays[0] if len(arrays) == 1 else packing.RowConcat(arrays)
     members.append(loop_lib.Member(f"{cond}/seed_{seed}", seed,
                                    {"tokens": rows, "loss_mask": packing.LossMaskView(rows)}))
-  targets = ["high" if cond == "high_only" else "low" for cond, _ in cells]
+  targets = ["high" if cond == "high_only" else "low" for cond, _ in prep.cells]
   eval_batch = int(c.eval.batch_size)
 
-  def val_score(params, ids):  # early stopping: -(validation NLL per token), target language
+  def val_score(params, ids):
     scores = np.zeros(len(ids))
     for role in ROLES:
       idx = np.asarray([j for j, i in enumerate(ids) if targets[i] == role])
@@ -367,21 +377,48 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
         scores[idx] = -r["nll_sum"] / r["tokens"]
     return scores
 
-  params, out = runner.train_and_select(c, cfg, members, val_score, workdir,
-                                        stop_after=stop_after, progress=progress, mesh=mesh)
-  if params is None:
-    return []
+  yield kind_lib.Stage("ensemble", cfg, members, val_score, subdir="")
 
-  rows = []
+
+def outputs(c, prep: Prep, trained: dict, workdir: str):
+  """Test perplexities as results rows, Table 4, the curves, sampled continuations and the
+  summary."""
+  done = trained["ensemble"]
+  params, out, members = done.params, done.out, done.stage.members
+  task, specs = prep.task, prep.task.specs
+  rows = _test_rows(c, prep, params, out)
+  seeds = sorted({len(kind_lib.condition_seeds(c, cond)) for cond in c.conditions})
+  title = (f"{c.name}: {language(specs, 'high')} (high) + {language(specs, 'low')} (low), "
+           f"test perplexity (mean ± std over {'/'.join(map(str, seeds))} seed(s))")
+  table = table_markdown(rows, specs, task.composition, title)
+  if c.get("reference"):
+    table += f"\nReference: {c.reference}\n"
+  results_lib.plot_curves(
+      os.path.join(workdir, "curves.png"),
+      {m.name: [(s, float(np.exp(-v))) for s, v in h] for m, h in zip(members, out["history"])},
+      "validation perplexity per token (target language)")
+  results_lib.plot_curves(os.path.join(workdir, "train_loss.png"), _train_loss_curves(workdir),
+                          "training loss (nats per token)")
+  first = [[cd for cd, _ in prep.cells].index(cond) for cond in c.conditions]
+  write_samples(os.path.join(workdir, "samples.txt"), c, prep.cfg, params, task.sp,
+                [members[i].name for i in first], first, _prompts(c, task.sp, task.test_docs), specs)
+  return rows, table, _summary(c, prep, done, workdir)
+
+
+def _test_rows(c, prep: Prep, params, out) -> list[dict]:
+  """Every member's test perplexities on both languages, one row per condition, language and
+  metric."""
+  task, specs = prep.task, prep.task.specs
   scored = {}
   for role in ROLES:
-    r = lm.perplexity(cfg, params, task.test[role]["tokens"], task.test[role]["loss_mask"],
-                      eval_batch, ensemble=True)
+    r = lm.perplexity(prep.cfg, params, task.test[role]["tokens"], task.test[role]["loss_mask"],
+                      int(c.eval.batch_size), ensemble=True)
     st = task.test_stats[role]
     scored[role] = {"ppl_token": r["ppl_token"], "ppl_char": np.exp(r["nll_sum"] / st.chars),
                     "ppl_byte": np.exp(r["nll_sum"] / st.bytes)}
-  for cond in conditions:
-    idx = [i for i, (cd, _) in enumerate(cells) if cd == cond]
+  rows = []
+  for cond in c.conditions:
+    idx = [i for i, (cd, _) in enumerate(prep.cells) if cd == cond]
     for role in ("low", "high"):
       for metric in METRICS:
         rows.append(results_lib.make_row(
@@ -394,31 +431,16 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
             test_tokens=task.test_stats[role].tokens + task.test_stats[role].documents,
             best_steps=[out["best_steps"][i] for i in idx],
             steps=[out["stopped_at"][i] for i in idx]))
+  return rows
 
-  seeds = sorted({len(runner.condition_seeds(c, cond)) for cond in conditions})
-  title = (f"{c.name}: {language(specs, 'high')} (high) + {language(specs, 'low')} (low), "
-           f"test perplexity (mean ± std over {'/'.join(map(str, seeds))} seed(s))")
-  table = table_markdown(rows, specs, task.composition, title)
-  if c.get("reference"):
-    table += f"\nReference: {c.reference}\n"
-  results_lib.plot_curves(
-      os.path.join(workdir, "curves.png"),
-      {m.name: [(s, float(np.exp(-v))) for s, v in h] for m, h in zip(members, out["history"])},
-      "validation perplexity per token (target language)")
-  results_lib.plot_curves(os.path.join(workdir, "train_loss.png"), _train_loss_curves(workdir),
-                          "training loss (nats per token)")
 
-  first = [idx[0] for cond in conditions
-           for idx in [[i for i, (cd, _) in enumerate(cells) if cd == cond]]]
-  write_samples(os.path.join(workdir, "samples.txt"), c, cfg, params, task.sp,
-                [members[i].name for i in first], first, _prompts(c, task.sp, task.test_docs),
-                specs)
-
+def _summary(c, prep: Prep, done, workdir: str) -> dict:
+  task, specs, out, members = prep.task, prep.task.specs, done.out, done.stage.members
   summary = {
       "languages": {role: language(specs, role) for role in ROLES},
       "corpora": {role: specs[role].path for role in ROLES},
-      "vocab_size": cfg.vocab_size, "block_size": int(c.model.block_size),
-      "params_per_model": sum(x.size // x.shape[0] for x in jax.tree.leaves(params)),
+      "vocab_size": prep.cfg.vocab_size, "block_size": int(c.model.block_size),
+      "params_per_model": sum(x.size // x.shape[0] for x in jax.tree.leaves(done.params)),
       "members": len(members), "steps": out["step"],
       "stopped_at": {m.name: s for m, s in zip(members, out["stopped_at"])},
       "best_step": {m.name: s for m, s in zip(members, out["best_steps"])},
@@ -427,18 +449,12 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
       "composition": task.composition,
       "val_rows": {role: len(task.val[role]["tokens"]) for role in ROLES},
       "test": {role: vars(task.test_stats[role]) for role in ROLES},
-      "train_tokens_per_s": out["tokens_per_s"], "wall_s": time.time() - t0}
+      "train_tokens_per_s": out["tokens_per_s"], "train_wall_s": done.done_s}
   path = os.path.join(workdir, "summary.json")
-  if os.path.isfile(path) and not np.isfinite(out["tokens_per_s"]):  # a finished run, re-tested:
-    with open(path) as f:  # keep the training call's speed and time
+  if os.path.isfile(path) and not np.isfinite(out["tokens_per_s"]):
+    # training had finished before this call (which then only tested): keep its speed and time
+    with open(path) as f:
       previous = json.load(f)
     summary["train_tokens_per_s"] = previous.get("train_tokens_per_s")
     summary["train_wall_s"] = previous.get("train_wall_s", previous.get("wall_s"))
-  else:
-    summary["train_wall_s"] = summary["wall_s"]
-  runner.write_outputs(workdir, rows, table, summary)
-  print(table)
-  print(json.dumps({k: summary[k] for k in ("params_per_model", "members", "steps", "stopped_at",
-                                            "best_step", "train_tokens_per_s", "wall_s",
-                                            "train_wall_s")}, default=float))
-  return rows
+  return summary

@@ -1,0 +1,24 @@
+"""The kinds of experiment, by task (`c.task`): each a module with `prepare`, `stages` and
+`outputs`, which xlt.runner calls (its docstring describes them).
+
+  synthetic    graph, addition: language mixing on the synthetic tasks (Tables 2, 3)
+  text         text: language modelling with a high- and a low-resource language (Table 4)
+  testbed      arithmetic: the merge testbed, base -> experts -> merges -> scores
+               (its LoRA and trained-neuron stages in testbed_peft)
+  common       what a kind hands the runner (Stage) and gets back (Trained)
+"""
+
+from __future__ import annotations
+
+import types
+
+from xlt.experiments import synthetic, testbed, text
+
+KINDS = {"graph": synthetic, "addition": synthetic, "text": text, "arithmetic": testbed}
+
+
+def kind(task: str) -> types.ModuleType:
+  """The kind that runs experiments of `task`."""
+  if task not in KINDS:
+    raise ValueError(f"unknown task {task!r}; known: {', '.join(KINDS)}")
+  return KINDS[task]
