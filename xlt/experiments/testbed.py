@@ -24,6 +24,7 @@ checkpoints, so a killed run started again with the same command ends the same.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import os
 import time
@@ -123,21 +124,55 @@ def compose(c, base, trained: dict, labels: dict, seed: int = 0) -> dict:
     # train-then-revert: full experts, each reset to the base outside its own partition
     models[f"train-then-revert [{p}]"] = partition.combine({"task": task, "language": lang}, labels[p])
     models[f"task expert, language partition reverted [{p}]"] = partition.revert(task, base, labels[p], "language")
-  m = c.merge
-  for b, u, t in _swaps(c):
-    models[f"layer swap b={b} u={u} t={t}"] = merge.layer_swap(
-        task, lang, bottom=b, top=u, lower_transition=t, upper_transition=t, non_block=m.non_block)
-  models["soup"] = merge.soup([task, lang])
-  models["soup (magnitude)"] = merge.soup([task, lang], merge.magnitude_weights([task, lang], base))
-  for lam in m.task_arithmetic:
-    models[f"task arithmetic λ={lam}"] = merge.task_arithmetic(base, [task, lang], float(lam))
-  models[f"TIES density={m.ties_density}"] = merge.ties(base, [task, lang], density=m.ties_density)
-  models[f"DARE drop={m.dare_drop}"] = merge.dare(base, [task, lang], drop=m.dare_drop, seed=seed)
-  models["MAET"] = merge.maet(base, task, trained["source-language expert"], [lang], **m.maet.to_dict())
+  inputs = {"task_expert": task, "language_expert": lang, "experts": [task, lang], "base": base,
+            "ability_model": task, "source_language_model": trained.get("source-language expert"),
+            "target_language_models": [lang]}
+  for label, method, options in merges(c, seed):
+    if method == "soup" and options.pop("weights", None) == "magnitude":
+      options["weights"] = merge.magnitude_weights([task, lang], base)
+    roles = [r.name for r in merge.registry.get(method).roles]
+    models[label] = merge.registry.merge(method, {r: inputs[r] for r in roles}, options)
   return models
 
 
 # --------------------------------------------------------------------------- running
+
+
+def merges(c, seed: int = 0) -> list[tuple[str, str, dict]]:
+  """The merges the testbed scores, as (table label, registry method, options), in table order:
+  the config's layer swaps, soups, task arithmetic, TIES, DARE and MAET, then `merge.extra`
+  ("method option=value ..." for any registry method whose inputs the testbed has: the task
+  and language experts, the base, the source-language expert). A soup's weights="magnitude" are
+  computed from the experts' deltas."""
+  m = c.merge
+  out = [(f"layer swap b={b} u={u} t={t}", "layer_swap",
+          dict(bottom=b, top=u, lower_transition=t, upper_transition=t, non_block=m.non_block))
+         for b, u, t in _swaps(c)]
+  out += [("soup", "soup", {}), ("soup (magnitude)", "soup", {"weights": "magnitude"})]
+  out += [(f"task arithmetic λ={lam}", "task_arithmetic", {"lambdas": float(lam)}) for lam in m.task_arithmetic]
+  out += [(f"TIES density={m.ties_density}", "ties", {"density": m.ties_density}),
+          (f"DARE drop={m.dare_drop}", "dare", {"drop": m.dare_drop, "seed": seed}),
+          ("MAET", "maet", m.maet.to_dict())]
+  for spec in m.get("extra", ()):
+    method, *pairs = str(spec).split()
+    try:
+      options = {k: ast.literal_eval(v) for k, v in (pair.split("=", 1) for pair in pairs)}
+    except (ValueError, SyntaxError):
+      raise ValueError(f"merge.extra entry {spec!r} is not 'method option=value ...' (values as Python "
+                       "literals)") from None
+    out.append((str(spec), method, options))
+  return out
+
+
+def _check_merges(c):
+  known = {"task_expert", "language_expert", "experts", "base", "ability_model", "source_language_model",
+           "target_language_models"}
+  for label, method, options in merges(c):
+    m = merge.registry.get(method)
+    if missing := [r.name for r in m.roles if r.name not in known]:
+      raise ValueError(f"merge {label!r}: the testbed has no input for {method}'s {', '.join(missing)}")
+    if options.get("weights") != "magnitude":
+      merge.registry.check(method, {r.name: [None] if r.many else None for r in m.roles}, options)
 
 
 def _swaps(c) -> list[tuple[int, int, int]]:
@@ -159,6 +194,7 @@ def check(c, num_layers: int):
                            c.partition.embeddings, c.partition.head)
   for b, u, t in _swaps(c):
     merge.swap_plan(num_layers, b, u, t, t)
+  _check_merges(c)
   if not c.simultaneous.steps_per_switch or min(c.simultaneous.steps_per_switch) < 1:
     raise ValueError(f"simultaneous.steps_per_switch must be positive, got {c.simultaneous.steps_per_switch}")
   testbed_peft.check(c, num_layers)
