@@ -24,7 +24,7 @@ What is measured:
   * ensemble: 9 graph models (29 tokens) in one xlt step (the strategy `auto` picks for the
     platform, xlt.ensemble: on a CPU lax.map, each member's step data-parallel over the
     devices), the same with vmap, the same 9 stepped one after the other with the
-    single-model step, and PyTorch's 9 separate steps (benchmarks/ensemble_workers.py also
+    single-model step, and PyTorch's 9 separate steps (benchmarks/ensemble_strategies.py also
     times the members split over the devices).
   * decoding: greedy with a KV cache, graph model, batch 512, 100-token prompt + 20 new
     tokens; xlt through xlt.evaluate.decode_batch (jitted, after warm-up). Prefill is the

@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from xlt import merge
-from xlt.merge import core, files, registry
+from xlt.merge import core, files, geometric, registry, sparse
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
@@ -32,8 +32,9 @@ def leaves(tree) -> dict:
 
 
 def test_roles_and_options_are_the_functions_parameters():
-  assert list(registry.METHODS) == ["layer_swap", "soup", "task_arithmetic", "ties", "dare", "maet",
-                                    "sparsify_rows"]
+  assert list(registry.METHODS)[:7] == ["layer_swap", "soup", "task_arithmetic", "ties", "dare", "maet",
+                                        "sparsify_rows"]
+  assert list(registry.METHODS)[7:] == [r[0] for r in sparse.REGISTER + geometric.REGISTER]
   hidden = {"maet": {"return_info"}}
   for name, m in registry.METHODS.items():
     params = inspect.signature(m.fn).parameters
@@ -80,7 +81,8 @@ def test_every_method_by_name_equals_its_function():
       "sparsify_rows": ({"expert": t, "base": base}, {"threshold": 0.8},
                         lambda: merge.sparsify_rows(t, base, 0.8)),
   }
-  assert set(cases) == set(registry.METHODS)  # a new method needs a case here
+  # a new method needs a case here, or (mergekit's) in tests/test_merge_sparse.py / _geometric.py
+  assert set(cases) == set(registry.METHODS) - {r[0] for r in sparse.REGISTER + geometric.REGISTER}
   for name, (inputs, options, direct) in cases.items():
     want = leaves(direct())
     for naming in (merge.XLT, "auto"):
@@ -190,8 +192,8 @@ def test_command_user_errors_are_one_line_and_exit_2(tmp_path, checkpoints):
   _, paths = checkpoints
   r = command("--config=configs/merge_files.py", "--config.method=tie", f"--config.output={tmp_path / 'o'}")
   assert r.returncode == 2 and r.stdout == ""
-  assert r.stderr.splitlines() == ["xlt.merge: error: unknown merge method 'tie'; known: layer_swap, soup, "
-                                   "task_arithmetic, ties, dare, maet, sparsify_rows"]
+  assert r.stderr.splitlines() == ["xlt.merge: error: unknown merge method 'tie'; known: "
+                                   + ", ".join(registry.METHODS)]
   with open(paths["a"], "rb") as f:  # a copy cut short inside its tensor data
     data = f.read()
   (tmp_path / "cut.safetensors").write_bytes(data[:-10])

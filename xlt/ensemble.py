@@ -17,7 +17,7 @@ leaf of their state has a leading ensemble axis. Three ways to compute over that
 `auto` (the default) picks `map` on CPU (each member's step data-parallel over the mesh, as
 separate runs would be) and `vmap` elsewhere. Why not `devices` on a CPU of several devices
 (xlt.cpu_devices): whether it pays depends on the machine, and where it does not, it is slower
-than separate runs. With 9 graph models on 2 devices (`python benchmarks/ensemble_workers.py
+than separate runs. With 9 graph models on 2 devices (`python benchmarks/ensemble_strategies.py
 --rounds 3 --steps 15`), devices ran at about 0.9x the member-steps/s of separate steps on a
 2-core AMD EPYC with AVX2 and about 1.05x on an AVX-512 EPYC. `map` runs the very steps that
 separate runs would, in one program, so it is not slower than they are on any machine;

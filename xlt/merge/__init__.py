@@ -1,6 +1,7 @@
 """Model merging on plain parameter pytrees: layer swapping, soups, task arithmetic,
-TIES, DARE, MAET, and the layer-swapping paper's analysis of where fine-tuning changed a
-model.
+TIES, DARE, MAET, mergekit's methods (DARE-TIES, breadcrumbs, DELLA, SCE, SLERP and its
+kin, Karcher mean, model stock, nearswap, Arcee fusion, RAM), and the layer-swapping
+paper's analysis of where fine-tuning changed a model.
 
 Depends on numpy, jax.tree_util and the standard library only (matplotlib inside the
 plot function, safetensors when a file's tensor is read; `python -m xlt.merge` adds absl
@@ -12,8 +13,13 @@ Face names, `from_rule(path -> (block, kind))` for any other); every merge takes
   core.py     structure checks, leaf-wise maps, deltas, row magnitudes
   swap.py     layer swapping with transition zones
   combine.py  soup, magnitude weights, task arithmetic, TIES, DARE, row sparsification
+  sparse.py   DARE-TIES, breadcrumbs (-TIES), DELLA (-linear), SCE
+  geometric.py SLERP, NuSLERP, multi-SLERP, Karcher mean, model stock, nearswap
+  selective.py Arcee fusion, RAM
   maet.py     MAET (ability extraction and transfer)
-  files.py    safetensors checkpoints read / written one tensor at a time; merges of files
+  files.py    safetensors checkpoints read / written one tensor at a time
+  hf.py       Hugging Face model directories (config, tokenizer, shards, index, card)
+  tool.py     merges of checkpoint files into a model directory (`python -m xlt.merge`)
   analysis.py per-block share of changed rows, heatmap
   fileio.py   atomic file writes
 (xlt/paths.py: paths -> (block, kind) and the rows (neurons) of each tensor: XLT, HF, from_rule.)

@@ -128,7 +128,7 @@ def task_arithmetic(base, experts, lambdas: float | Sequence[float] = 1.0, *, ma
 
 
 def ties(base, experts, *, density: float = 0.2, lambdas: float | Sequence[float] = 1.0, masks=None,
-         naming: Naming = XLT):
+         convention: str = "xlt", naming: Naming = XLT):
   """TIES-merging (Yadav et al. 2023): task arithmetic with interference resolved.
 
   Per tensor:
@@ -140,8 +140,19 @@ def ties(base, experts, *, density: float = 0.2, lambdas: float | Sequence[float
        deltas: the direction with more total mass wins.
     3. disjoint mean: the mean of the nonzero trimmed deltas that agree with the elected
        sign; an entry where none agree, or whose sum is exactly 0 (no sign elected),
-       stays at the base. (mergekit elects + on an exact tie instead.)
+       stays at the base.
   The result is base + the disjoint mean.
+
+  Against mergekit's `ties` (0.1.5; weight = lambdas, normalize: true, lambda: 1), the
+  default convention="xlt" differs in three ways, kept because the merge testbed's
+  recorded results were made with them: (a) k = round(density * size) where mergekit
+  floors, int(density * size) (at least 1); (b) an exact 0 sum elects no sign (entry
+  stays at the base) where mergekit elects +; (c) the mean divides by the count of
+  agreeing experts (so lambdas scale the result: all lambdas 0.5 give half the TIES
+  delta), where mergekit divides by the sum of their weights (so equal weights cancel).
+  Ties at the k-th magnitude are kept in both conventions (mergekit keeps exactly k,
+  whichever its sort puts first). convention="mergekit" does (a)-(c) as mergekit does;
+  on tensors without such ties it gives mergekit's result to float rounding.
 
   density: in (0, 1], the fraction of each delta kept (mergekit's `density`). The paper
     keeps the top 20% (its default, 0.2); 1.0 skips the trim.
@@ -149,6 +160,8 @@ def ties(base, experts, *, density: float = 0.2, lambdas: float | Sequence[float
     validation data to tune it on), or one scale per expert, applied to its trimmed
     delta before the election (mergekit's per-model `weight`).
   masks: neuron masks restricting each delta before the trim (as in `task_arithmetic`).
+  convention: "xlt" (default: round, no sign on a tie, divide by the count) or
+    "mergekit" (floor, + on a tie, divide by the sum of agreeing lambdas); see above.
   naming: how rows are laid out, for row masks.
   """
   experts = core.expert_list(experts)
@@ -156,21 +169,54 @@ def ties(base, experts, *, density: float = 0.2, lambdas: float | Sequence[float
   experts = _restrict(base, experts, masks, naming, "TIES")
   core.check_range("TIES density", density, 0.0, 1.0, low_open=True)
   lambdas = core.per_expert(lambdas, len(experts), "TIES lambdas")
+  mergekit = _convention(convention, "TIES") == "mergekit"
 
   def merge(_, b, *xs):
     b = core.as_compute(b)
     trimmed = []
     for lam, x in zip(lambdas, xs):
       d = core.as_compute(x) - b
-      trimmed.append(lam * np.where(core.top_fraction_mask(np.abs(d), density), d, 0))
+      keep = magnitude_mask(d, density) if mergekit else core.top_fraction_mask(np.abs(d), density)
+      trimmed.append(lam * np.where(keep, d, 0))
     trimmed = np.stack(trimmed)
-    elected = np.sign(trimmed.sum(axis=0, dtype=np.float64))
+    summed = trimmed.sum(axis=0, dtype=np.float64)
+    elected = np.where(summed >= 0, 1.0, -1.0) if mergekit else np.sign(summed)
     agree = (np.sign(trimmed) == elected) & (trimmed != 0)
-    count = agree.sum(axis=0)
     total = np.where(agree, trimmed, 0).sum(axis=0, dtype=np.float64)
+    if mergekit:
+      divisor = np.where(agree, np.reshape(lambdas, (-1,) + (1,) * b.ndim), 0).sum(axis=0)
+      return b + (total / np.where(divisor == 0, 1, divisor)).astype(b.dtype)
+    count = agree.sum(axis=0)
     return b + np.where(count > 0, total / np.maximum(count, 1), 0).astype(b.dtype)
 
   return core.map_leaves(merge, base, *experts)
+
+
+def _convention(convention: str, what: str) -> str:
+  if convention not in ("xlt", "mergekit"):
+    raise ValueError(f"{what} convention must be 'xlt' or 'mergekit', got {convention!r}")
+  return convention
+
+
+def magnitude_mask(d, density: float) -> np.ndarray:
+  """mergekit's magnitude trim: True on the k = max(1, int(density * size)) entries of `d`
+  largest in magnitude (all of them when density >= 1); entries tied with the k-th are
+  all kept, so the mask never depends on memory order."""
+  a = np.abs(np.asarray(d))
+  if density >= 1 or a.size == 0:
+    return np.ones(a.shape, bool)
+  k = max(1, int(density * a.size))  # mergekit's floor; k / size selects exactly k below
+  return core.top_fraction_mask(a, k / a.size)
+
+
+def l1_rescaled(d, kept, eps: float = 1e-7) -> np.ndarray:
+  """mergekit's rescale (`rescaled_masked_tensor`, norm l1): `kept` (d with entries
+  zeroed) times |d|_1 / |kept|_1, so the tensor keeps its L1 norm; `kept` unchanged when
+  either norm is below eps."""
+  before, after = np.abs(d).sum(dtype=np.float64), np.abs(kept).sum(dtype=np.float64)
+  if before < eps or after < eps:
+    return kept
+  return (kept * (before / after)).astype(np.asarray(kept).dtype)
 
 
 def dare_mask(seed: int, expert_index: int, path, shape, drop: float) -> np.ndarray:
@@ -183,7 +229,7 @@ def dare_mask(seed: int, expert_index: int, path, shape, drop: float) -> np.ndar
 
 
 def dare(base, experts, *, drop: float = 0.9, seed: int = 0, lambdas: float | Sequence[float] = 1.0,
-         masks=None, naming: Naming = XLT):
+         masks=None, convention: str = "xlt", naming: Naming = XLT):
   """DARE (Yu et al. 2024, "Language models are Super Mario"): Drop And REscale each
   delta, then task arithmetic.
 
@@ -191,21 +237,36 @@ def dare(base, experts, *, drop: float = 0.9, seed: int = 0, lambdas: float | Se
   1 / (1 - drop), so every entry's expected value is its delta; the sparser deltas of
   several experts then collide less when added.
 
+  This is mergekit's `dare_linear` (density = 1 - drop, weight = lambdas, normalize:
+  false) but for two things. The rescale: xlt's default, the paper's, is exactly
+  1 / (1 - drop) per entry; mergekit (rescale: true) multiplies each masked tensor by
+  |delta|_1 / |masked delta|_1, so it keeps the tensor's L1 norm for the draw it made
+  (the same in expectation, exact per tensor, and no rescale when either norm is under
+  1e-7). convention="mergekit" rescales that way. The masks: mergekit draws them with
+  torch.bernoulli from torch's global generator; xlt from `seed` (`dare_mask`), so the
+  same mask only by construction (the parity tests hand mergekit xlt's masks).
+
   drop: in [0, 1), the drop rate p (mergekit's 1 - density). The paper drops 0.9 for
     SFT deltas (up to 0.99 works for large models); 0 is plain task arithmetic.
   seed: a non-negative integer; the same seed gives the same masks (see `dare_mask`).
   lambdas: the task-arithmetic scale of each rescaled delta (see `task_arithmetic`).
   masks: neuron masks restricting each delta before the drop (as in `task_arithmetic`).
+  convention: "xlt" (default: survivors times 1 / (1 - drop)) or "mergekit" (survivors
+    rescaled to the delta's L1 norm, per tensor); see above.
   naming: how rows are laid out, for row masks.
   """
   core.check_range("DARE drop", drop, 0.0, 1.0, high_open=True)
   if int(seed) != seed or seed < 0:
     raise ValueError(f"DARE seed must be a non-negative integer, got {seed}")
+  mergekit = _convention(convention, "DARE") == "mergekit"
 
   def drop_and_rescale(i, path, d):
     if drop == 0.0:
       return d
-    return np.where(dare_mask(int(seed), i, path, d.shape, drop), d / (1.0 - drop), 0).astype(d.dtype)
+    keep = dare_mask(int(seed), i, path, d.shape, drop)
+    if mergekit:
+      return l1_rescaled(d, np.where(keep, d, 0).astype(d.dtype))
+    return np.where(keep, d / (1.0 - drop), 0).astype(d.dtype)
 
   return _add_deltas(base, experts, lambdas, drop_and_rescale, "DARE", masks, naming)
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from xlt import paths as naming_lib
-from xlt.merge import combine, core, swap
+from xlt.merge import combine, core, geometric, sparse, swap
 from xlt.merge.maet import maet as _maet  # xlt.merge.maet is the function
 
 REQUIRED = inspect.Parameter.empty  # the default of an option that has none
@@ -39,6 +39,8 @@ ROLE_HELP = {
     "ability_model": "base trained on ability (task) data in the source language",
     "source_language_model": "base trained on general data in the source language",
     "target_language_models": "base trained on general data in each target language",
+    "other": "the model merged into the base (for slerp: the end t = 1)",
+    "models": "the models to combine, weights themselves (no base, no task vectors)",
 }
 
 
@@ -152,6 +154,11 @@ register("maet", _maet, ("base", "ability_model", "source_language_model", "targ
          hidden=("return_info",))  # the registry's merges return one tree: call maet for the info
 register("sparsify_rows", combine.sparsify_rows, ("expert", "base"),
          _LAYER_SWAPPING + " (section 3.2, row-level sparsification)")
+
+# the methods mergekit users know, each module listing its own: (name, function, roles, paper,
+# register's keywords)
+for _name, _fn, _roles, _paper, _kw in sparse.REGISTER + geometric.REGISTER:
+  register(_name, _fn, _roles, _paper, **_kw)
 
 
 def get(method: str) -> Method:

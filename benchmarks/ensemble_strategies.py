@@ -1,6 +1,6 @@
 """The graph config's 9 members: how one process best steps an ensemble.
 
-  python benchmarks/ensemble_workers.py [--rounds 2] [--steps 20]
+  python benchmarks/ensemble_strategies.py [--rounds 2] [--steps 20]
 
 Times xlt's training step of compare.py's ensemble job (9 graph models, batch 64 x 29 tokens)
 three ways, in rounds, each in a fresh process:
