@@ -270,10 +270,13 @@ def test_gpu_run_against_fake_tools(tmp_path, remote):
     ("--config.train.steps=abc", "--config.train.steps=abc: invalid literal for int()"),
     ("--no_such_flag", "Unknown command line flag 'no_such_flag'"),
 ])
-def test_flag_errors_of_xlt_main_are_one_line_and_exit_2(tmp_path, flag, want):
-  # errors while flags are parsed are user errors like any other: one line, exit 2, nothing written
-  r = subprocess.run([sys.executable, "-m", "xlt.main", "--config=configs/graph.py", f"--workdir={tmp_path / 'w'}",
-                      flag], cwd=REPO, capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("where", ["repo", "elsewhere"])
+def test_flag_errors_of_xlt_main_are_one_line_and_exit_2(tmp_path, flag, want, where):
+  # errors while flags are parsed are user errors like any other: one line, exit 2, nothing
+  # written; from another directory the config (which imports configs.common) loads all the same
+  config = "configs/graph.py" if where == "repo" else str(REPO / "configs" / "graph.py")
+  r = subprocess.run([sys.executable, "-m", "xlt.main", f"--config={config}", f"--workdir={tmp_path / 'w'}",
+                      flag], cwd=REPO if where == "repo" else tmp_path, capture_output=True, text=True, timeout=120)
   assert r.returncode == 2, r.stderr
   assert r.stderr.splitlines() == [r.stderr.strip()] and r.stderr.startswith(f"xlt: error: {want}"), r.stderr
   assert not (tmp_path / "w").exists()

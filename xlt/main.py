@@ -75,6 +75,11 @@ def _user_error(message: str):
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing (app.run's flags_parser), with its errors as user errors: an unknown
   config field (named with the nearest one), a bad value, a missing config file."""
+  spec = _config_spec(argv)
+  folder = os.path.dirname(os.path.abspath(spec.split(":", 1)[0])) if spec else None
+  if folder and os.path.isfile(os.path.join(folder, "__init__.py")):
+    # configs/*.py import their package (`from configs import common`): found from any cwd
+    sys.path.insert(0, os.path.dirname(folder))
   try:
     rest = flags.FLAGS(argv)
     _CONFIG.value.get("task")  # a config file that failed to load raises only when read
