@@ -131,8 +131,13 @@ def test_merge_command_writes_swap_and_heatmaps(tmp_path):
 
 def test_unrecognised_checkpoint_and_bad_inputs_fail_clearly(tmp_path):
   files.save({"encoder.blocks.0.weight": np.ones((2, 2), np.float32)}, str(tmp_path / "odd.safetensors"))
-  with pytest.raises(ValueError, match="'encoder.blocks.0.weight': no naming rule recognises it"):
-    tool.merge_files({"experts": [str(tmp_path / "odd.safetensors")]}, "soup", str(tmp_path / "o"))
+  # a soup reads no blocks, so it merges any name; a layer swap needs a naming rule
+  assert tool.merge_files({"experts": [str(tmp_path / "odd.safetensors")]}, "soup", str(tmp_path / "o"))["naming"] \
+      == "unnamed"
+  with pytest.raises(ValueError, match="'encoder.blocks.0.weight': no naming rule recognises it.*naming="):
+    tool.merge_files({"task_expert": str(tmp_path / "odd.safetensors"),
+                      "language_expert": str(tmp_path / "odd.safetensors")}, "layer_swap", str(tmp_path / "o"),
+                     {"bottom": 0, "top": 0})
   with pytest.raises(ValueError, match="missing \\['language_expert'\\]"):
     tool.merge_files({"task_expert": "x"}, "layer_swap", str(tmp_path / "o"))
   with pytest.raises(FileNotFoundError, match="does not exist"):

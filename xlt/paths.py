@@ -256,3 +256,69 @@ def naming_for(paths, naming: str | Naming = "auto") -> Naming:
   worst = next(p for p in paths if not any(recognises(n, p) for n in candidates))
   raise ValueError(f"parameter {path_str(worst)!r}: no naming rule recognises it "
                    f"(tried {', '.join(n.name for n in candidates)}); pass a Naming for this format")
+
+
+# ---- formats neither rule knows (GPT-NeoX, Falcon, Bloom, OPT, ...): a block prefix pattern
+#
+# Only merges that read blocks or rows need to place a tensor; the others merge any tensor by
+# name (xlt.merge.registry: `Method.layer_aware`). For those that do, a pattern names where a
+# format keeps its blocks ("gpt_neox.layers.{i}.") and the kinds come from the usual words.
+
+_HEAD_WORDS = re.compile(r"(^|[._/])(lm_head|embed_out|output|score|classifier)([._/]|$)")
+_EMBEDDING_WORDS = re.compile(r"(^|[._/])(embed_tokens|embed_in|embeddings?|word_embeddings\w*|wte|wpe|"
+                              r"embed_positions|tok_embeddings|position_embeddings)([._/]|$)")
+_IN_BLOCK_WORDS = ((re.compile(r"norm|(^|[._/])ln(_?\d+)?([._/]|$)"), "norm"),  # before attn: post_attention_layernorm
+                   (re.compile(r"attn|attention"), "attn"),
+                   (re.compile(r"mlp|ffn|feed_forward|fc_?\d|dense_h_to_4h|dense_4h_to_h|experts"), "mlp"))
+
+
+def outside_kind(name: str) -> str:
+  """The kind of a parameter outside the blocks, from the words in its name: "head" (lm_head,
+  embed_out, output, score, and final norms), "embedding" (embed_tokens, embed_in,
+  word_embeddings, wte, wpe, ...), else "other"."""
+  if _HEAD_WORDS.search(name):
+    return "head"
+  if _EMBEDDING_WORDS.search(name):
+    return "embedding"
+  return "head" if re.search(r"norm|(^|[._/])ln_f([._/]|$)", name) else "other"
+
+
+def from_pattern(pattern: str) -> Naming:
+  """A Naming from where a format keeps its blocks: `pattern` is a tensor-name prefix with
+  "{i}" for the block index, e.g. "gpt_neox.layers.{i}." (GPT-NeoX), "transformer.h.{i}."
+  (Falcon, Bloom, GPT-J), "model.decoder.layers.{i}." (OPT), "block_{i}/" (xlt).
+
+  A name that starts with the prefix is in block i; its kind is norm, attn or mlp by the
+  words in the rest of the name (norms first: "post_attention_layernorm" is a norm), else
+  "other". Every other name is outside the blocks (`outside_kind`). Rows are axis 0 (torch's
+  [out, in] Linear weights and [V, D] tables; 1-D tensors are one row): wrong only for
+  GPT-2-style Conv1D weights, which the "hf" naming knows.
+  """
+  if pattern.count("{i}") != 1:
+    raise ValueError(f"naming pattern {pattern!r} must hold {{i}} once, where the block index goes "
+                     "(e.g. 'gpt_neox.layers.{i}.')")
+  before, after = pattern.split("{i}")
+  rule = re.compile("^" + re.escape(before) + r"(\d+)" + re.escape(after) + "(.+)$")
+
+  def block_kind(path) -> tuple[int | None, str]:
+    name = path_str(path)
+    if m := rule.match(name):
+      return int(m.group(1)), next((k for r, k in _IN_BLOCK_WORDS if r.search(m.group(2))), "other")
+    return None, outside_kind(name)
+
+  def local_name(path) -> str:
+    name = path_str(path)
+    m = rule.match(name)
+    return m.group(2) if m else name
+
+  return Naming(pattern, block_kind, lambda p, shape: (0,) if len(shape) >= 2 else (), local_name)
+
+
+def _unplaced(path):
+  raise ValueError(f"{path_str(path)}: no naming places this tensor in a block (the merge was set up for a "
+                   "method that reads no blocks or rows)")
+
+
+# What a merge that reads neither blocks nor rows gets when no naming recognises every name
+# (GPT-J's lm_head.bias, GPT-NeoX, Falcon, ...): asking it for a block is an error, never a guess.
+UNNAMED = Naming("unnamed", _unplaced, lambda p, shape: _unplaced(p), lambda p: path_str(p))

@@ -4,6 +4,8 @@
     --config.inputs.base=B --config.inputs.experts=a,b --config.options.density=0.3 \
     --config.output=out
   python -m xlt.merge --list_methods     # every method: its inputs, options and paper
+  python -m xlt.merge --mergekit_yaml=merge.yml --config.output=out   # a mergekit config
+  python -m xlt.merge --config=merge.yml --config.output=out          # the same
 
 `inputs` and `options` take any name on the command line; the registry checks them
 against the method. A list input is comma-separated (or a Python list); option values
@@ -11,10 +13,16 @@ are Python literals (0.3, true, "(0.5, 0.5)") or strings. The output directory i
 Face model directory (xlt.merge.tool: config and tokenizer from an input that has them,
 safetensors shards above `max_shard_size`, a model card), with the delta heatmaps (with a
 base among the inputs) and summary.json.
-A user error (method, inputs, options, files) is one line `xlt.merge: error: ...` on
-stderr and exit status 2.
+A mergekit YAML maps onto the same config (xlt.merge.from_mergekit: its methods, models,
+parameters, dtype, tokenizer_source and layer-swap slices; any other key is refused by name);
+--config.<field> flags given beside it override what it sets.
+A user error (method, inputs, options, files: a truncated file, a tensor missing from one
+input, shapes or dtypes that differ, an architecture a layer-aware method does not know) is one
+line `xlt.merge: error: ...` on stderr and exit status 2, the output directory untouched;
+--traceback shows the full trace instead.
 """
 
+import importlib.util
 import json
 import os
 import sys
@@ -22,14 +30,21 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from xlt.merge import fileio, hf, registry, tool
+from xlt.merge import fileio, from_mergekit, hf, registry, tool
+
+# the config a mergekit YAML is laid over (so --config.output=... works beside it)
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "merge_files.py")
 
 # unlocked, accepting new fields: inputs.<role> and options.<name> are whatever the method
 # takes, checked by the registry; the top-level fields are checked in `merge_config`
 _CONFIG = config_flags.DEFINE_config_file("config", None, "merge config file (configs/merge_files.py)",
                                           lock_config=False, accept_new_attributes=True)
 _LIST = flags.DEFINE_bool("list_methods", False, "print every merge method (inputs, options, paper) and exit")
-FIELDS = ("method", "inputs", "options", "naming", "heatmaps", "output", "config_from", "max_shard_size", "dtype")
+_YAML = flags.DEFINE_string("mergekit_yaml", None, "a mergekit config (merge.yml) to run; --config.<field> "
+                            "flags beside it override what it sets")
+_TRACEBACK = flags.DEFINE_bool("traceback", False, "on an error, show the full trace instead of one line")
+FIELDS = ("method", "inputs", "options", "naming", "heatmaps", "output", "config_from", "max_shard_size", "dtype",
+          "vocab")
 
 
 def inputs_of(method: str, inputs: dict) -> dict:
@@ -59,9 +74,41 @@ def merge_config(c) -> dict:
                              naming=c.get("naming", "auto"), heatmaps=c.get("heatmaps", True),
                              config_from=c.get("config_from") or None,
                              max_shard_bytes=c.get("max_shard_size") or hf.DEFAULT_MAX_SHARD_BYTES,
-                             dtype=c.get("dtype") or None)
+                             dtype=c.get("dtype") or None, vocab=c.get("vocab") or None)
   fileio.write_text(os.path.join(c["output"], "summary.json"), json.dumps(summary, indent=1) + "\n")
   return summary
+
+
+def with_yaml(c, path: str) -> dict:
+  """The config of mergekit YAML `path` (from_mergekit.load_yaml) laid over the default config,
+  with every field of `c` that differs from the default (the command line's) on top: inputs
+  and options key by key."""
+  spec = importlib.util.spec_from_file_location("merge_files_config", _DEFAULT_CONFIG)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  default = module.get_config().to_dict()
+  c = c.to_dict() if hasattr(c, "to_dict") else dict(c)
+  out = default | {k: v for k, v in from_mergekit.load_yaml(path).items() if v is not None}
+  for k, v in c.items():
+    if k in ("inputs", "options"):
+      out[k] = dict(out.get(k) or {}) | dict(v or {})
+    elif k not in default or v != default[k]:
+      out[k] = v
+  return out
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's parsing, after turning --config=<file>.yml into --mergekit_yaml=<file>.yml beside
+  the default config, so that --config.output=... applies to a YAML too."""
+  out = []
+  for a in argv:
+    if a.startswith("--config=") and a.endswith((".yml", ".yaml")):
+      out += ["--config=" + _DEFAULT_CONFIG, "--mergekit_yaml=" + a.split("=", 1)[1]]
+    else:
+      out.append(a)
+  if any(a.startswith("--mergekit_yaml") for a in out) and not any(a.startswith("--config=") for a in out):
+    out.insert(1, "--config=" + _DEFAULT_CONFIG)
+  return flags.FLAGS(out)
 
 
 def _fail(error) -> int:
@@ -76,14 +123,16 @@ def main(argv):
     print(registry.describe())
     return 0
   if _CONFIG.value is None:
-    return _fail("--config=configs/merge_files.py is required (or --list_methods)")
+    return _fail("--config=configs/merge_files.py is required (or --mergekit_yaml=merge.yml, or --list_methods)")
   try:
-    summary = merge_config(_CONFIG.value)
+    summary = merge_config(with_yaml(_CONFIG.value, _YAML.value) if _YAML.value else _CONFIG.value)
   except (ValueError, TypeError, OSError) as e:  # the user's: a config, a file
+    if _TRACEBACK.value:
+      raise
     return _fail(e)
   print(json.dumps(summary, indent=1))
   return 0
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -58,8 +58,11 @@ class LazyTensor:
 
   def __array__(self, dtype=None, copy=None):
     from safetensors import safe_open
-    with safe_open(self.file, framework="numpy") as f:
-      x = f.get_tensor(self.name)
+    try:
+      with safe_open(self.file, framework="numpy") as f:
+        x = f.get_tensor(self.name)
+    except Exception as e:  # safetensors' own error types: one line naming the file and tensor
+      raise ValueError(f"{self.file}: tensor {self.name} could not be read ({' '.join(str(e).split())})") from e
     return x if dtype is None else x.astype(dtype)
 
   def __repr__(self):

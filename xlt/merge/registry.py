@@ -11,6 +11,14 @@ Options are read from each function's signature (name, default, type annotation;
 without a default is required) and their help from its docstring's "name: help" lines,
 so the registry never repeats what the function says. A role whose name ends in "+" at
 registration takes a non-empty list of models.
+
+Names only where needed: most methods combine each tensor with the same tensor of the other
+inputs and never ask which block it is in or where its rows are, so they merge any tensor
+by name (GPT-J's lm_head.bias, GPT-NeoX, Falcon, Bloom, OPT). A *layer-aware* method
+(`Method.layer_aware`: layer_swap, sparsify_rows, maet, della's per-row ranks, arcee_fusion's
+row softmax; slerp/nearswap with per-block t, nuslerp/model_stock row-wise, any neuron mask)
+needs a naming rule (xlt.paths): "hf", "xlt" or a block prefix pattern such as
+"gpt_neox.layers.{i}." (`paths.from_pattern`). `naming_for_method` picks it.
 """
 
 from __future__ import annotations
@@ -75,6 +83,17 @@ class Method:
   options: tuple[Option, ...]
   paper: str
   summary: str  # the first sentence of the function's docstring
+  # True when the method reads blocks or rows, or a predicate on the options for one that
+  # does only with some of them (slerp's per-block t); see `uses_layers`
+  layer_aware: bool | Callable[[dict], bool] = False
+
+  def uses_layers(self, options: dict | None = None) -> bool:
+    """Whether this call reads the naming's blocks or rows: the method always does, or
+    these options make it (a tree option, a neuron mask, always does)."""
+    options = options or {}
+    if any(o.tree and options.get(o.name) is not None for o in self.options):
+      return True
+    return bool(self.layer_aware(options) if callable(self.layer_aware) else self.layer_aware)
 
   def option(self, name: str) -> Option:
     for o in self.options:
@@ -120,10 +139,12 @@ METHODS: dict[str, Method] = {}
 
 
 def register(name: str, fn: Callable, roles: tuple[str, ...], paper: str, *,
-             trees: tuple[str, ...] = (), hidden: tuple[str, ...] = ()) -> Method:
+             trees: tuple[str, ...] = (), hidden: tuple[str, ...] = (),
+             layer_aware: bool | Callable[[dict], bool] = False) -> Method:
   """Adds a method: `roles` are fn's leading positional parameters ("name+" for a list of
   models), every other parameter but `naming` and `hidden` ones is an option; `trees`
-  names the options that take parameter trees."""
+  names the options that take parameter trees; `layer_aware` says whether it reads the
+  naming's blocks or rows (`Method.layer_aware`)."""
   params = inspect.signature(fn).parameters
   role_names = [r.rstrip("+") for r in roles]
   if list(params)[:len(roles)] != role_names:
@@ -133,13 +154,13 @@ def register(name: str, fn: Callable, roles: tuple[str, ...], paper: str, *,
                   for p in list(params.values())[len(roles):] if p.name not in ("naming", *hidden))
   summary = _sentence(" ".join((inspect.getdoc(fn) or "").split("\n\n")[0].split()))
   method = Method(name, fn, tuple(Role(r.rstrip("+"), r.endswith("+"), ROLE_HELP[r.rstrip("+")]) for r in roles),
-                  options, paper, summary)
+                  options, paper, summary, layer_aware)
   METHODS[name] = method
   return method
 
 
 _LAYER_SWAPPING = "Bandarkar et al. 2024, Layer Swapping for Zero-Shot Cross-Lingual Transfer in Large Language Models"
-register("layer_swap", swap.layer_swap, ("task_expert", "language_expert"), _LAYER_SWAPPING)
+register("layer_swap", swap.layer_swap, ("task_expert", "language_expert"), _LAYER_SWAPPING, layer_aware=True)
 register("soup", combine.soup, ("experts+",), "Wortsman et al. 2022, Model soups: averaging weights of multiple "
          "fine-tuned models improves accuracy without increasing inference time")
 register("task_arithmetic", combine.task_arithmetic, ("base", "experts+"),
@@ -151,14 +172,24 @@ register("dare", combine.dare, ("base", "experts+"), "Yu et al. 2024, DARE: Lang
 register("maet", _maet, ("base", "ability_model", "source_language_model", "target_language_models+"),
          "Chen et al. 2024, MAET: Extracting and Transferring Abilities for Building Multi-lingual "
          "Ability-enhanced Large Language Models", trees=("ability_neurons", "source_neurons"),
-         hidden=("return_info",))  # the registry's merges return one tree: call maet for the info
+         hidden=("return_info",), layer_aware=True)  # the registry's merges return one tree: call maet for the info
 register("sparsify_rows", combine.sparsify_rows, ("expert", "base"),
-         _LAYER_SWAPPING + " (section 3.2, row-level sparsification)")
+         _LAYER_SWAPPING + " (section 3.2, row-level sparsification)", layer_aware=True)
+
+# Which of the methods below read blocks or rows (each checked in its module): della ranks
+# entries within rows, arcee_fusion's softmax runs along rows; slerp and nearswap read blocks
+# only for a list of t (one per block), nuslerp rows unless it flattens, model_stock when
+# filter_wise. Every other one of them treats each tensor as one vector or entry by entry.
+_per_block_t = lambda o: np.ndim(o.get("t", 0)) > 0
+_LAYER_AWARE = {"della": True, "della_linear": True, "arcee_fusion": True, "slerp": _per_block_t,
+                "nearswap": _per_block_t, "nuslerp": lambda o: not o.get("flatten", True),
+                "nuslerp_nobase": lambda o: not o.get("flatten", True),
+                "model_stock": lambda o: bool(o.get("filter_wise", False))}
 
 # the methods mergekit users know, each module listing its own: (name, function, roles, paper,
 # register's keywords)
 for _name, _fn, _roles, _paper, _kw in sparse.REGISTER + geometric.REGISTER:
-  register(_name, _fn, _roles, _paper, **_kw)
+  register(_name, _fn, _roles, _paper, layer_aware=_LAYER_AWARE.get(_name, False), **_kw)
 
 
 def get(method: str) -> Method:
@@ -219,15 +250,43 @@ def check(method: str, inputs: dict, options: dict | None = None, *, trees_allow
   return m
 
 
+def naming_for_method(m: Method, options: dict | None, paths, naming: str | naming_lib.Naming = "auto"):
+  """The Naming a call of `m` reads `paths` with: `naming` itself; a block prefix pattern
+  holding "{i}" (`paths.from_pattern`), which must place some path in a block; "xlt" /
+  "hf", which must recognise every path; or "auto": the first naming that recognises every
+  path, and when none does, `paths.UNNAMED` for a method that reads no blocks or rows (it
+  merges any tensor by name) and a ValueError for one that does, saying how to name a rule."""
+  if isinstance(naming, naming_lib.Naming):
+    return naming
+  paths = list(paths)
+  if "{i}" in naming:
+    nm = naming_lib.from_pattern(naming)
+    if not any(nm.block_kind(p)[0] is not None for p in paths):
+      shown = naming_lib.path_str(paths[0]) if paths else "none"
+      raise ValueError(f"naming pattern {naming!r} matches no tensor name (the first: {shown})")
+    return nm
+  try:
+    return naming_lib.naming_for(paths, naming)
+  except ValueError as e:
+    if naming != "auto":
+      raise
+    if not m.uses_layers(options):
+      return naming_lib.UNNAMED
+    raise ValueError(f"merge method {m.name} reads blocks or rows, so it needs to know this architecture: {e}. "
+                     "Name a rule: naming='hf' or 'xlt', or the block prefix, e.g. "
+                     "naming='gpt_neox.layers.{i}.'") from None
+
+
 def merge(method: str, inputs: dict, options: dict | None = None, *,
           naming: str | naming_lib.Naming = naming_lib.XLT):
   """The merged tree of `method` on {role: tree or list of trees} with `options`, after
-  `check`. naming: a Naming, or "auto" / "xlt" / "hf" found from the first input's paths."""
+  `check`. naming: a Naming, "xlt" / "hf", a block prefix pattern ("model.layers.{i}."), or
+  "auto", read from the first input's paths by `naming_for_method`."""
   m = check(method, inputs, options)
   if not isinstance(naming, naming_lib.Naming):
     first = inputs[m.roles[0].name]
     first = first[0] if m.roles[0].many else first
-    naming = naming_lib.naming_for([p for p, _ in core.leaves_with_paths(first)], naming)
+    naming = naming_for_method(m, options, [p for p, _ in core.leaves_with_paths(first)], naming)
   args = [list(inputs[r.name]) if r.many else inputs[r.name] for r in m.roles]
   return m.fn(*args, **dict(options or {}), naming=naming)
 
@@ -236,7 +295,9 @@ def describe(method: str | None = None) -> str:
   """Help text: every method (or one) with its inputs, options (type, default, help) and paper."""
   blocks = []
   for m in [get(method)] if method else METHODS.values():
-    lines = [f"{m.name}: {m.summary}", f"  paper: {m.paper}", "  inputs:"]
+    aware = ("reads blocks or rows: needs a naming rule" if m.layer_aware is True else
+             "names needed only with some options" if m.layer_aware else "merges any tensor by name")
+    lines = [f"{m.name}: {m.summary}", f"  paper: {m.paper}", f"  layers: {aware}", "  inputs:"]
     lines += [f"    {r.name}{' (list)' if r.many else ''}: {r.help}" for r in m.roles]
     lines.append("  options:" if m.options else "  options: none")
     for o in m.options:

@@ -1,0 +1,278 @@
+"""A mergekit YAML a user already has, as an xlt merge config (`python -m xlt.merge
+--mergekit_yaml=merge.yml --config.output=out`).
+
+What maps: `merge_method` (a method both tools have; mergekit's linear is xlt's soup, dare_linear
+xlt's dare), `base_model`, `models: [{model, parameters: {weight, density, ...}}]` (the base
+may be listed among them, as mergekit allows), global `parameters` (normalize, lambda, t,
+rescale, ...), `dtype` / `out_dtype` (the output's dtype: xlt always computes in float32),
+`tokenizer_source: base|union` (xlt's vocab option), and `slices` in two shapes: one slice
+whose sources all cover every layer (the same as `models`), and a passthrough layer swap
+(model A's layers [0, b) and [L-u, L), model B's [b, L-u), each at its own position).
+Everything else (per-layer gradients of a per-model value, `filter`ed values, layer stacks
+that change the depth, LoRA `model+adapter` references, tokenizer and chat template blocks)
+is refused with one line naming the key. mergekit's defaults are written out where xlt's
+differ (density 1.0, ties/dare in mergekit's convention), so a mapped merge is mergekit's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+_TOP_KEYS = ("merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype",
+             "tokenizer_source")
+_SPARSE = ("dare_ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear")
+# mergekit method -> (xlt method with a base, xlt method without one)
+_METHODS = {"linear": (None, "soup"), "task_arithmetic": ("task_arithmetic", None), "ties": ("ties", None),
+            "dare_linear": ("dare", None), "sce": ("sce", None), "slerp": ("slerp", None),
+            "nuslerp": ("nuslerp", "nuslerp_nobase"), "multislerp": ("multislerp", "multislerp_nobase"),
+            "karcher": (None, "karcher"), "model_stock": ("model_stock", None), "nearswap": ("nearswap", None),
+            "arcee_fusion": ("arcee_fusion", None), "ram": ("ram", None), "ramplus_tl": ("ramplus_tl", None),
+            "passthrough": (None, None)} | {m: (m, None) for m in _SPARSE}
+# per-model parameters each method takes, as lists over its experts: mergekit's name -> xlt's
+_PER_MODEL = {"soup": {"weight": "weights"}, "karcher": {"weight": "weights"},
+              "nuslerp": {"weight": "weights"}, "nuslerp_nobase": {"weight": "weights"},
+              "multislerp": {"weight": "weights"}, "multislerp_nobase": {"weight": "weights"},
+              "dare_ties": {"weight": "weights", "density": "density"},
+              "breadcrumbs": {"weight": "weights", "density": "density", "gamma": "gamma"},
+              "breadcrumbs_ties": {"weight": "weights", "density": "density", "gamma": "gamma"},
+              "della": {"weight": "weights", "density": "density", "epsilon": "epsilon"},
+              "della_linear": {"weight": "weights", "density": "density", "epsilon": "epsilon"}}
+# global parameters: mergekit's name -> xlt's option (names the same on both sides are implied)
+_GLOBAL = {"lambda": "scale", "nuslerp_row_wise": "row_wise", "nuslerp_flatten": "flatten"}
+_IGNORED = ("int8_mask",)  # mergekit's memory knob: no effect on the result
+
+
+def load_yaml(path: str) -> dict:
+  """The mapped config ({method, inputs, options, dtype, vocab}) of mergekit YAML `path`."""
+  import yaml
+  try:
+    with open(path) as f:
+      cfg = yaml.safe_load(f)
+  except yaml.YAMLError as e:
+    raise ValueError(f"{path} is not YAML: {' '.join(str(e).split())}") from None
+  if not isinstance(cfg, dict):
+    raise ValueError(f"{path}: a mergekit config is a mapping with merge_method, models or slices")
+  try:
+    return from_mergekit(cfg)
+  except ValueError as e:
+    raise ValueError(f"mergekit config {path}: {e}") from None
+
+
+def from_mergekit(cfg: dict) -> dict:
+  """{method, inputs, options, dtype, vocab} for `python -m xlt.merge` from a parsed mergekit
+  config; ValueError naming the first key that does not map."""
+  if unknown := [k for k in cfg if k not in _TOP_KEYS]:
+    raise ValueError(f"{unknown[0]}: not supported by xlt (it maps: {', '.join(_TOP_KEYS)})")
+  name = cfg.get("merge_method")
+  if name not in _METHODS:
+    raise ValueError(f"merge_method: {name!r} is not one of the methods both tools have: {', '.join(_METHODS)}")
+  base = _model(cfg.get("base_model"), "base_model") if cfg.get("base_model") else None
+  params = dict(cfg.get("parameters") or {})
+  vocab = _vocab(cfg.get("tokenizer_source"))
+  dtype = cfg.get("out_dtype") or cfg.get("dtype") or None
+  if bool(cfg.get("models")) == bool(cfg.get("slices")):
+    raise ValueError("models / slices: give exactly one of them")
+  if cfg.get("slices") and name == "passthrough":
+    return _passthrough(cfg["slices"]) | {"dtype": dtype, "vocab": vocab}
+  models = cfg.get("models") or _one_slice(cfg["slices"])
+  for key, value in params.items():
+    _scalar_or_list(value, f"parameters.{key}", allow_list=key == "t")
+  method, inputs, options = _method(name, base, [_entry(m, f"models[{i}]") for i, m in enumerate(models)], params)
+  for key, value in params.items():
+    if key in _IGNORED or key in ("weight", "density", "gamma", "epsilon"):  # read per model by _method
+      continue
+    options = _set_global(method, options, _GLOBAL.get(key, key), value, key)
+  return {"method": method, "inputs": inputs, "options": options, "dtype": dtype, "vocab": vocab}
+
+
+def _model(ref, where: str) -> str:
+  if not isinstance(ref, str) or not ref:
+    raise ValueError(f"{where}: a model is a path, got {ref!r}")
+  if "+" in ref:
+    raise ValueError(f"{where}: {ref!r} names a LoRA adapter (model+adapter), which xlt does not apply; "
+                     "merge the adapter into the model first")
+  return ref
+
+
+def _vocab(source) -> str | None:
+  if source in (None, "base", "union"):
+    return source
+  raise ValueError(f"tokenizer_source: {source!r}; xlt maps base and union (its vocab option) only")
+
+
+def _entry(m, where: str) -> tuple[str, dict]:
+  if not isinstance(m, dict) or "model" not in m:
+    raise ValueError(f"{where}: an entry is {{model: path, parameters: {{...}}}}")
+  if unknown := [k for k in m if k not in ("model", "parameters")]:
+    raise ValueError(f"{where}.{unknown[0]}: not supported by xlt")
+  params = dict(m.get("parameters") or {})
+  for k, v in params.items():
+    _scalar_or_list(v, f"{where}.parameters.{k}", allow_list=False)
+  return _model(m["model"], f"{where}.model"), params
+
+
+def _scalar_or_list(value, where: str, allow_list: bool) -> None:
+  if isinstance(value, (bool, int, float, str)):
+    return
+  if isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               for v in value):
+    if allow_list:
+      return
+    raise ValueError(f"{where}: a gradient (one value per layer range) is supported for t only; give one value")
+  raise ValueError(f"{where}: filtered or conditional values ({value!r}) are not supported; give one value")
+
+
+def _method(name: str, base: str | None, entries: list, params: dict) -> tuple[str, dict, dict]:
+  """(xlt method, inputs, options) from mergekit's method, its models and the global
+  parameters (a per-model parameter given globally applies to every model, as in mergekit)."""
+  with_base, without = _METHODS[name]
+  if name == "passthrough":
+    if len(entries) != 1:
+      raise ValueError("merge_method: passthrough of several models maps only as slices (a layer swap)")
+    with_base, without = None, "soup"
+  method = with_base if base and with_base else without
+  if method is None:
+    raise ValueError(f"base_model: mergekit's {name} {'needs' if base is None else 'takes no'} base_model here")
+  experts = [(p, params) for p, params in entries if p != base or method in ("soup", "karcher")]
+  if base and method in ("soup", "karcher") and base not in [p for p, _ in experts]:
+    experts.insert(0, (base, {}))
+  if not experts:
+    raise ValueError("models: no model to merge besides the base")
+  roles = _roles(method, base, [p for p, _ in experts])
+  return method, roles, _per_model(method, name, experts, params)
+
+
+def _roles(method: str, base: str | None, experts: list[str]) -> dict:
+  if method in ("slerp", "nearswap", "arcee_fusion"):
+    if len(experts) != 1:
+      raise ValueError(f"models: {method} takes the base and one other model, got {len(experts)} others")
+    return {"base": base, "other": experts[0]}
+  if method in ("soup",):
+    return {"experts": experts}
+  if method in ("karcher", "nuslerp_nobase", "multislerp_nobase"):
+    return {"models": experts}
+  return {"base": base, "experts": experts}
+
+
+def _per_model(method: str, name: str, experts: list, shared: dict) -> dict:
+  """The options read from each model's parameters (else `shared`, the global ones), with
+  mergekit's defaults where xlt's differ (density 1.0)."""
+  given = {k for _, params in experts for k in params}
+  value = lambda params, key: float(params.get(key, shared.get(key, 1.0)))
+  weights = [value(params, "weight") for _, params in experts]
+  if method in ("task_arithmetic", "ties", "dare"):
+    known = {"weight", "density"} if method != "task_arithmetic" else {"weight"}
+    if unknown := sorted(given - known):
+      raise ValueError(f"models[].parameters.{unknown[0]}: not a parameter of {name}")
+    options = {"lambdas": weights}
+    if method != "task_arithmetic":
+      densities = {value(params, "density") for _, params in experts}
+      if len(densities) > 1:
+        raise ValueError(f"models[].parameters.density: xlt's {method} takes one density for every model, "
+                         f"got {sorted(densities)}")
+      density = densities.pop()
+      options |= {"convention": "mergekit"} | ({"density": density} if method == "ties" else {"drop": 1 - density})
+    return options
+  table = _PER_MODEL.get(method, {})
+  if unknown := sorted(given - set(table)):
+    raise ValueError(f"models[].parameters.{unknown[0]}: not a per-model parameter of {name} in xlt")
+  if unknown := sorted({k for k in ("weight", "density", "gamma", "epsilon") if k in shared} - set(table)):
+    raise ValueError(f"parameters.{unknown[0]}: not a parameter of {name} in xlt")
+  defaults = {"density": 1.0, "gamma": 0.01, "epsilon": 0.15, "weight": 1.0}
+  return {xlt: [float(params.get(mk, shared.get(mk, defaults[mk]))) for _, params in experts]
+          for mk, xlt in table.items() if mk in given or mk in shared or (mk == "density" and method in _SPARSE)}
+
+
+def _set_global(method: str, options: dict, key: str, value, mk_key: str) -> dict:
+  """options with mergekit's global parameter `mk_key` applied the way `method` takes it."""
+  options = dict(options)
+  if method in ("task_arithmetic", "dare") and mk_key in ("lambda", "normalize"):
+    lambdas = options["lambdas"]
+    if mk_key == "lambda":
+      options["lambdas"] = [w * float(value) for w in lambdas]
+    elif value:
+      options["lambdas"] = [w / sum(lambdas) for w in lambdas]
+    return options
+  if method == "ties" and mk_key == "normalize":
+    if not value:
+      raise ValueError("parameters.normalize: false is not supported for ties (xlt's mergekit convention normalises)")
+    return options
+  if method == "soup" and mk_key == "normalize":
+    if not value:
+      raise ValueError("parameters.normalize: false is not supported for linear (xlt's soup normalises)")
+    return options
+  from xlt.merge import registry
+  names = [o.name for o in registry.get(method).options]
+  if key not in names:
+    raise ValueError(f"parameters.{mk_key}: xlt's {method} has no such option (its options: {', '.join(names)})")
+  return options | {key: value}
+
+
+def _num_layers(model: str) -> int | None:
+  try:
+    with open(os.path.join(model, "config.json")) as f:
+      return int(json.load(f)["num_hidden_layers"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
+def _sources(slices) -> list[list[tuple[str, tuple[int, int], dict]]]:
+  out = []
+  for i, s in enumerate(slices):
+    if not isinstance(s, dict) or set(s) - {"sources"}:
+      extra = sorted(set(s) - {"sources"}) if isinstance(s, dict) else ["sources"]
+      raise ValueError(f"slices[{i}].{extra[0]}: not supported by xlt (a slice maps with its sources only)")
+    row = []
+    for j, src in enumerate(s["sources"]):
+      where = f"slices[{i}].sources[{j}]"
+      if set(src) - {"model", "layer_range", "parameters"}:
+        raise ValueError(f"{where}.{sorted(set(src) - {'model', 'layer_range', 'parameters'})[0]}: not supported")
+      lo, hi = src["layer_range"]
+      row.append((_model(src["model"], where), (int(lo), int(hi)), src.get("parameters") or {}))
+    out.append(row)
+  return out
+
+
+def _one_slice(slices) -> list[dict]:
+  """The models of a single slice whose sources all cover every layer of their model."""
+  rows = _sources(slices)
+  if len(rows) != 1:
+    raise ValueError("slices: several slices map only for passthrough (a layer swap)")
+  for model, (lo, hi), _ in rows[0]:
+    layers = _num_layers(model)
+    if lo != 0 or layers is None or hi != layers:
+      raise ValueError(f"slices[0]: layer_range [{lo}, {hi}] of {model} must cover all its layers "
+                       f"({layers if layers is not None else 'unknown: no config.json'}); "
+                       "xlt merges whole models only")
+  return [{"model": m, "parameters": p} for m, _, p in rows[0]]
+
+
+def _passthrough(slices) -> dict:
+  """layer_swap from passthrough slices A [0, b), B [b, L-u), A [L-u, L): each layer at its
+  own position, the embedding and head from A (mergekit takes them from the first and the last
+  slice's model)."""
+  rows = _sources(slices)
+  parts, at = [], 0
+  for i, row in enumerate(rows):
+    (model, (lo, hi), params), *more = row
+    if more or params:
+      raise ValueError(f"slices[{i}]: a passthrough slice takes one source without parameters")
+    if lo != at or hi <= lo:
+      raise ValueError(f"slices[{i}]: layer_range [{lo}, {hi}] must start at {at}: xlt maps layer swaps "
+                       "(each layer at its own position), not stacks that change the depth")
+    parts.append((model, hi - lo))
+    at = hi
+  models = [m for m, _ in parts]
+  if len(parts) == 3 and models[0] == models[2] != models[1]:
+    outer, inner, bottom, top = models[0], models[1], parts[0][1], parts[2][1]
+  elif len(parts) == 2 and models[0] != models[1]:
+    raise ValueError("slices: two slices take the embedding from one model and the head from the other, "
+                     "which xlt's layer_swap does not; add the third slice (A, B, A)")
+  else:
+    raise ValueError("slices: xlt maps a passthrough layer swap only: A [0, b), B [b, L-u), A [L-u, L)")
+  layers = _num_layers(outer)
+  if layers is not None and layers != at:
+    raise ValueError(f"slices: the ranges end at layer {at}, but {outer} has {layers} layers")
+  return {"method": "layer_swap", "inputs": {"task_expert": inner, "language_expert": outer},
+          "options": {"bottom": bottom, "top": top, "non_block": "language", "num_blocks": at}}
