@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -152,3 +153,25 @@ def test_a_bad_workdir_is_one_line_and_exit_2(tmp_path):
     assert out.returncode == 2, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and str(workdir) in out.stderr
   assert not (tmp_path / "results").exists()
+
+
+def _numbers(text: str) -> list[float]:
+  return [float(x) for x in re.findall(r"(?<![\w.])\d+(?:\.\d+)?", text.replace(",", ""))]
+
+
+def test_readme_results_table_quotes_the_results_files():
+  """Each README row's xlt figures are figures of its config's results file: the README is a
+  headline, results/*.json the record, and they cannot drift apart."""
+  by_config = {}
+  for result in report.load():
+    by_config[result["config"].removeprefix("configs/")] = json.dumps(result)
+  readme = open(os.path.join(report.ROOT, "README.md"), encoding="utf-8").read()
+  rows = [line.split("|")[1:-1] for line in readme.splitlines() if line.startswith("| `")]
+  assert len(rows) >= len(by_config) - 1, "the README's results table lost rows"
+  for cells in rows:
+    config = cells[0].strip().strip("`")
+    assert config in by_config, f"README row {config} has no results/*.json"
+    have = _numbers(by_config[config])
+    derived = re.sub(r"\([^)]*\)", "", cells[3])  # parenthesised notes (relative changes) are derived
+    for x in _numbers(derived):
+      assert any(abs(x - y) < 0.006 for y in have), f"README row {config}: {x} is not in its results file"
