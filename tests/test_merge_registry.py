@@ -217,3 +217,23 @@ def test_truncated_or_foreign_files_fail_on_load(tmp_path, checkpoints):
   (tmp_path / "x.safetensors").write_bytes(b"\x04\x00\x00\x00\x00\x00\x00\x00{{{{")
   with pytest.raises(ValueError, match="header is not JSON"):
     files.load(str(tmp_path / "x.safetensors"))
+
+
+def test_a_float_option_given_per_layer_merges_each_block_with_its_value():
+  # mergekit's gradient: 3 blocks at 0, 1/2, 1 along [0.2, 0.8] -> densities 0.2, 0.5, 0.8;
+  # outside the blocks (the embedding) the first value
+  base, t, l = (tiny(i) for i in range(3))
+  got = leaves(registry.merge("ties", {"base": base, "experts": [t, l]}, {"density": [0.2, 0.8]}))
+  for path, density in (("wte/embedding", 0.2), ("block_0/mlp/fc/kernel", 0.2), ("block_1/mlp/fc/bias", 0.5),
+                        ("block_2/mlp/fc/kernel", 0.8)):
+    want = leaves(merge.ties(base, [t, l], density=density))[path]
+    np.testing.assert_array_equal(got[path], want, err_msg=path)
+  # a constant list is the plain call; dare's seeded masks follow each tensor's path
+  np.testing.assert_equal(leaves(registry.merge("dare", {"base": base, "experts": [t, l]}, {"drop": [0.5, 0.5]})),
+                          leaves(merge.dare(base, [t, l], drop=0.5)))
+  with pytest.raises(ValueError, match="must be one number, not a per-layer list"):
+    registry.merge("maet", {"base": base, "ability_model": t, "source_language_model": l,
+                            "target_language_models": [l]}, {"alpha": [0.5, 1.0]})
+  flat = {"encoder.x": np.ones(2, np.float32)}
+  with pytest.raises(ValueError, match="no naming rule recognises"):  # the blocks must be known
+    registry.merge("ties", {"base": flat, "experts": [flat]}, {"density": [0.5, 1.0]}, naming="auto")

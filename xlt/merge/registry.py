@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from xlt import paths as naming_lib
-from xlt.merge import combine, core, geometric, sparse, swap
+from xlt.merge import combine, core, geometric, layerwise, sparse, swap
 from xlt.merge.maet import maet as _maet  # xlt.merge.maet is the function
 
 REQUIRED = inspect.Parameter.empty  # the default of an option that has none
@@ -93,6 +93,9 @@ class Method:
     options = options or {}
     if any(o.tree and options.get(o.name) is not None for o in self.options):
       return True
+    if any(o.type in ("float", "float | None") and isinstance(options.get(o.name), (list, tuple))
+           for o in self.options):
+      return True  # per-layer values (xlt.merge.layerwise): the blocks must be known
     return bool(self.layer_aware(options) if callable(self.layer_aware) else self.layer_aware)
 
   def option(self, name: str) -> Option:
@@ -243,7 +246,8 @@ def check(method: str, inputs: dict, options: dict | None = None, *, trees_allow
     if o.tree and not trees_allowed and value is not None:
       raise ValueError(f"merge method {method}: option {name} takes a parameter tree, which only a "
                        "Python call can give (xlt.merge.registry.merge)")
-    if not o.tree and not _type_ok(value, o.type):
+    per_layer = o.type in ("float", "float | None") and _type_ok(value, "Sequence[float]") and len(value)
+    if not o.tree and not per_layer and not _type_ok(value, o.type):
       shown = " ".join(repr(value).split())
       shown = shown if len(shown) <= 60 else shown[:57] + "..."
       raise ValueError(f"merge method {method}: option {name} must be {o.type}, got {shown}")
@@ -288,6 +292,8 @@ def merge(method: str, inputs: dict, options: dict | None = None, *,
     first = first[0] if m.roles[0].many else first
     naming = naming_for_method(m, options, [p for p, _ in core.leaves_with_paths(first)], naming)
   args = [list(inputs[r.name]) if r.many else inputs[r.name] for r in m.roles]
+  if varying := layerwise.per_layer_options(m, options):
+    return layerwise.merge(m, args, dict(options), varying, naming)
   return m.fn(*args, **dict(options or {}), naming=naming)
 
 

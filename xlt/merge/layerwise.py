@@ -1,0 +1,63 @@
+"""Option values that vary over the layers, as mergekit's "gradients" do: a float option given
+as a list of floats is interpolated over the blocks (`geometric.per_block`: block i of n at
+i / (n - 1) along the list; tensors outside the blocks take the first value), so a transition
+zone or a layer-dependent density is one option.
+
+It serves every method that merges tensor by tensor (the registry's `layer_aware` is False):
+the tensors are grouped by the values their blocks get, and the method runs once per group
+with plain floats, so each tensor is merged exactly as a call with its own value would merge
+it. Methods whose tensors depend on each other (MAET's tensor selection, magnitude-weighted
+soups) take per-layer values only where they implement them themselves.
+"""
+
+from __future__ import annotations
+
+
+from xlt import paths as naming_lib
+from xlt.merge import core
+from xlt.merge.geometric import per_block
+
+
+def per_layer_options(m, options: dict) -> list[str]:
+  """The options of a call to method `m` given as per-layer lists: float options (declared
+  plain `float`) whose value is a list or tuple of numbers."""
+  return [k for k, v in (options or {}).items()
+          if m.option(k).type in ("float", "float | None") and isinstance(v, (list, tuple))
+          and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)]
+
+
+def _tree(paths: list, leaf_of):
+  """The nested dict with a leaf `leaf_of(path)` at each of `paths` (tuples of names), in order."""
+  out: dict = {}
+  for path in paths:
+    node = out
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = leaf_of(path)
+  return out
+
+
+def merge(m, args: list, options: dict, names: list[str], naming: naming_lib.Naming):
+  """`m.fn(*args, **options, naming=naming)` with the options `names` varying over the blocks:
+  one call per group of tensors that share their values, the results joined into one tree."""
+  if m.layer_aware is True:
+    raise ValueError(f"merge method {m.name} reads tensors together (blocks or rows), so option "
+                     f"{', '.join(names)} must be one number, not a per-layer list")
+  first = args[0][0] if isinstance(args[0], list) else args[0]
+  order = [p for p, _ in core.leaves_with_paths(first)]
+  if all(naming.block_kind(p)[0] is None for p in order):
+    raise ValueError(f"option {', '.join(names)} varies over the layers, but naming {naming.name!r} places no "
+                     "tensor in a block: name a rule (naming=hf, xlt or a block pattern like 'model.layers.{i}.')")
+  value_at = {k: per_block(options[k], first, naming, f"option {k}") for k in names}
+  groups: dict[tuple, list] = {}
+  for path in order:
+    groups.setdefault(tuple(round(value_at[k](path), 12) for k in names), []).append(path)
+  flat = [[dict(core.leaves_with_paths(t)) for t in a] if isinstance(a, list) else dict(core.leaves_with_paths(a))
+          for a in args]
+  merged = {}
+  for values, keep in groups.items():
+    sub = [[_tree(keep, f.__getitem__) for f in a] if isinstance(a, list) else _tree(keep, a.__getitem__)
+           for a in flat]
+    out = m.fn(*sub, **{**options, **dict(zip(names, (float(v) for v in values)))}, naming=naming)
+    merged.update(core.leaves_with_paths(out))
+  return _tree(order, merged.__getitem__)
