@@ -242,7 +242,7 @@ def xlt_worker(jobs, timing):
       separate = timed(step, states, batch_for(cfg, 1, b, t))
       out[job["name"]] = {"together": e * b * t / together, "vmap": e * b * t / vmapped,
                           "separate": e * b * t / separate,
-                          "strategy": ensemble.resolve(mesh=mesh, members=e)}
+                          "strategy": ensemble.resolve()}
     elif job["kind"] == "decode":
       params = jax.tree.map(lambda x: x[None], model_lib.init_params(cfg, jax.random.key(0)))
       params = jax.device_put(params, sharding.replicated(mesh))  # as the trained state lives

@@ -3,10 +3,9 @@
   python benchmarks/ensemble_strategies.py [--rounds 2] [--steps 20]
 
 Times xlt's training step of compare.py's ensemble job (9 graph models, batch 64 x 29 tokens)
-three ways, in rounds, each in a fresh process:
+two ways, in rounds, each in a fresh process:
   * together: the 9 members in one step on every core (the strategy `auto` picks,
     xlt.ensemble: on a CPU `map`, each member's step data-parallel over the devices);
-  * devices: the same with the members split over the devices instead (strategy `devices`);
   * separate: 9 single-member states stepped one after the other.
 Prints member-steps per second for each.
 """
@@ -45,11 +44,9 @@ def worker(mode: str, members: list[int], steps: int, out: str):
   mesh = sharding.make_mesh({"data": -1})
   rng = np.random.default_rng(0)
 
-  asked = "devices" if mode == "devices" else "auto"  # the ensemble strategy asked for
-
   def step_and_states(n, copies):
     abstract = jax.eval_shape(lambda: train_lib.init_state(cfg, tx, list(range(n))))
-    step, st_sh = train_lib.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract, strategy=asked)[:2]
+    step, st_sh = train_lib.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract)[:2]
     with jax.set_mesh(mesh):
       init = jax.jit(lambda s: train_lib.init_state(cfg, tx, s), out_shardings=st_sh)
       return step, [init(np.asarray(members[k * n:(k + 1) * n], np.uint32)) for k in range(copies)]
@@ -69,7 +66,7 @@ def worker(mode: str, members: list[int], steps: int, out: str):
     for _ in range(3):  # compile and warm up
       run()
     seconds = median_seconds(run, 0, steps)
-  strategy = "single-member steps" if mode == "separate" else ensemble.resolve(asked, mesh=mesh, members=n)
+  strategy = "single-member steps" if mode == "separate" else ensemble.resolve()
   with open(out, "w") as f:
     json.dump({"members": n, "step_s": seconds, "devices": len(jax.devices()), "strategy": strategy}, f)
 
@@ -88,7 +85,7 @@ def _wait(proc):
 def one_round(tmp: str, r: int, steps: int) -> dict:
   members = list(range(_job()["members"]))
   out = {}
-  for mode in ("together", "devices", "separate"):
+  for mode in ("together", "separate"):
     path = os.path.join(tmp, f"{mode}_{r}.json")
     _wait(_spawn(["--worker", mode, "--members", json.dumps(members), "--steps", str(steps), "--out", path]))
     out[mode] = json.load(open(path))
@@ -98,7 +95,7 @@ def one_round(tmp: str, r: int, steps: int) -> dict:
 def rates(rnd: dict) -> dict:
   """Member-steps per second of each way."""
   e = rnd["together"]["members"]
-  return {k: e / rnd[k]["step_s"] for k in ("together", "devices", "separate")}
+  return {k: e / rnd[k]["step_s"] for k in ("together", "separate")}
 
 
 def main(a):
@@ -115,10 +112,9 @@ def main(a):
         f"{first['together']['devices']} device(s)")
   print("| way | member-steps/s | / separate | per round |")
   print("|---|---|---|---|")
-  for k in ("separate", "together", "devices"):
+  for k in ("separate", "together"):
     label = {"separate": "9 single-member steps",
-             "together": f"one 9-member step ({first['together']['strategy']}, xlt's default)",
-             "devices": "one 9-member step, members split over the devices (devices)"}[k]
+             "together": f"one 9-member step ({first['together']['strategy']}, xlt's default)"}[k]
     print(f"| {label} | {med(k):.2f} | {med(k) / med('separate'):.2f} | "
           + " / ".join(f"{p[k]:.2f}" for p in per) + " |")
 

@@ -173,7 +173,7 @@ def _setup(c, model_cfg, members, evaluate, workdir, tx, mesh, progress, init_pa
   if init_params is not None:
     _check_init_params(model_cfg, init_params, len(members))
   platform = mesh.devices.flat[0].platform
-  strategy = ensemble_lib.resolve(t.get("ensemble", "auto"), platform, mesh=mesh, members=len(members))
+  strategy = ensemble_lib.resolve(t.get("ensemble", "auto"), platform)
   progress = progress and distributed.is_main()  # one progress bar, not one per process
   if progress:  # which strategy ran belongs in the run's log (main.py keeps absl at WARNING)
     tqdm.write(f"training {len(members)} members together: {strategy} over the ensemble axis on {platform}, "
@@ -217,8 +217,6 @@ def _step_builder(c, model_cfg, members, tx, mesh, accum: int, init_params) -> C
   @functools.lru_cache(maxsize=None)
   def step_for(n):
     s = t.get("ensemble", "auto")
-    if s == "devices" and n < len(members) and ensemble_lib.why_not_devices(mesh, n) is not None:
-      s = "map"  # members stopped, fewer are left than devices (at the start resolve raises)
     abstract = _abstract_state(model_cfg, tx, seeds[:n], init_params)
     return train_lib.make_step(model_cfg, tx, mesh, rules, abstract, accum, gated, s)
 

@@ -3,7 +3,7 @@
 Small models underuse a machine, so xlt trains several models (seeds, and grid cells
 whose shapes agree) together: every leaf of the train state has a leading ensemble
 axis E, and the step maps the single-model step over it (xlt.ensemble: vmap on
-accelerators, lax.map on CPU; on request the members split over a CPU's devices).
+accelerators, lax.map on CPU).
 E=1 is a plain run.
 
 Batches are dicts: tokens [E, B, T] int32 and loss_mask [E, B, T-1] float32 (1 on
@@ -161,14 +161,11 @@ def state_shardings(cfg: model_lib.Config, tx, mesh, rules, abstract_state):
 def make_step(cfg: model_lib.Config, tx, mesh, rules, abstract_state, accum: int = 1,
               gated: bool = False, strategy: str = "auto"):
   """The jitted ensemble step with explicit in/out shardings; the state is donated.
-  `strategy` (xlt.ensemble): how the members are computed; auto suits the mesh's platform,
-  its devices and the number of members."""
+  `strategy` (xlt.ensemble): how the members are computed; auto suits the mesh's platform."""
   st_sh = state_shardings(cfg, tx, mesh, rules, abstract_state)
-  members = jax.tree.leaves(abstract_state)[0].shape[0]
-  strategy = ensemble_lib.resolve(strategy, mesh.devices.flat[0].platform, mesh=mesh, members=members)
+  strategy = ensemble_lib.resolve(strategy, mesh.devices.flat[0].platform)
   rep = sharding.replicated(mesh)
-  # members over the devices: each device reads its members' whole batches
-  rows = rep if strategy == "devices" else sharding.batch_sharding(mesh, 3)
+  rows = sharding.batch_sharding(mesh, 3)
   b_sh = {"tokens": rows, "loss_mask": rows}
   if gated:  # partition training: [E, cells] flags per step
     b_sh["trainable"] = rep
