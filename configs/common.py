@@ -26,8 +26,7 @@ def train(**overrides) -> ml_collections.ConfigDict:
   """The loop: steps, batch, and per-member early stopping on the held-out score
   (stop after `patience` evaluations without a gain of `min_delta`, or at `target_score`,
   but not before `min_steps`). `ensemble`: how members train together (xlt.ensemble: auto =
-  lax.map on CPU, each member's step data-parallel over the devices; vmap on accelerators;
-  "devices" splits the members over a CPU's devices instead)."""
+  lax.map on CPU, each member's step data-parallel over the devices; vmap on accelerators)."""
   return _dict(dict(batch_size=64, steps=1000, grad_accum=1, eval_every=100, patience=5,
                     min_delta=0.005, target_score=1.0, min_steps=0, log_every=50,
                     checkpoint_every=500, ensemble="auto"), overrides)
