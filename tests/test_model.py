@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xlt import evaluate, matmul, model
+from xlt import evaluate, matmul, model, paths
 
 
 def _param_count(v, t, l, d, tied=False):
@@ -296,3 +296,70 @@ def test_benchmark_flax_masks_are_nn_dropout():
   x = jnp.arange(1.0, 1001.0).reshape(10, 100)
   want = nn.Dropout(0.3, deterministic=False).apply({}, x, rng=jax.random.key(3))
   np.testing.assert_array_equal(np.asarray(bench.flax_masks(jax.random.key(3), x, 0.3)), np.asarray(want))
+
+
+# ---- the options for Hugging Face decoders (xlt.pretrained checks each against transformers)
+
+# every option on at once: GQA, explicit head width, gated MLP, Gemma's norms and scales, a
+# sliding window on layer 0 only, soft-capping
+_HF_STYLE = dict(vocab_size=24, block_size=24, num_layers=2, num_heads=4, d_model=16, pos_embedding="rope",
+                 num_kv_heads=2, head_dim=6, norm="rmsnorm_plus_one", mlp="geglu", mlp_dim=20, bias=False,
+                 qkv_bias=True, qk_norm=True, post_norms=True, embed_scale=True, attn_logit_softcap=3.0,
+                 final_logit_softcap=8.0, sliding_window=3, sliding_layers=(0,), query_pre_attn_scalar=5.0,
+                 rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8})
+
+
+def test_hf_style_params_paths_axes_and_cache():
+  cfg = model.Config(**_HF_STYLE)
+  params = model.init_params(cfg, jax.random.key(0))
+  attn, blk = params["block_0"]["attn"], params["block_0"]
+  assert attn["q"]["kernel"].shape == (16, 4, 6) and attn["k"]["kernel"].shape == (16, 2, 6)
+  assert attn["q"]["bias"].shape == (4, 6) and "bias" not in attn["proj"] and attn["q_norm"]["scale"].shape == (6,)
+  assert set(blk["mlp"]) == {"gate", "up", "proj"} and "bias" not in blk["mlp"]["up"]
+  assert {"ln_1", "ln_1_post", "ln_2", "ln_2_post"} <= set(blk) and "bias" not in blk["ln_1"]
+  assert np.all(np.asarray(blk["ln_1"]["scale"]) == 0)  # (1 + w) norms start at w = 0
+  assert model.path_info(("block_0", "ln_2_post", "scale")) == (0, "norm")
+  assert model.path_info(("block_1", "attn", "k_norm", "scale")) == (1, "attn")
+  assert paths.XLT.num_rows(("block_0", "attn", "k", "kernel"), (16, 2, 6)) == 12
+  assert model.logical_axes(cfg)["block_0"]["attn"]["k"]["kernel"] == jax.sharding.PartitionSpec(
+      "embed", "kv_heads", "kv")
+  assert model.init_cache(cfg, 3, 10)[0][0].shape == (3, 2, 10, 6)  # key/value heads are cached
+  fused = model.init_params(model.Config(**(_HF_STYLE | {"num_kv_heads": 4})), jax.random.key(0))
+  assert fused["block_0"]["attn"]["qkv"]["kernel"].shape == (16, 3, 4, 6)
+  bf16 = model.init_params(model.Config(**(_HF_STYLE | {"param_dtype": "bfloat16"})), jax.random.key(0))
+  assert {x.dtype for x in jax.tree.leaves(bf16)} == {jnp.dtype("bfloat16")}
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_hf_style_decode_with_cache_equals_full_forward(kv_heads):
+  cfg = model.Config(**(_HF_STYLE | {"num_kv_heads": kv_heads}))
+  params = jax.tree.map(lambda x: x + 0.1, model.init_params(cfg, jax.random.key(1)))  # norms away from 0
+  toks = jax.random.randint(jax.random.key(2), (2, 12), 0, 24)
+  full, _ = model.apply(cfg, params, toks)
+  cache = model.init_cache(cfg, 2, 12)
+  first, cache = model.apply(cfg, params, toks[:, :5], cache, 0)
+  steps = [first]
+  for i in range(5, 12):
+    step, cache = model.apply(cfg, params, toks[:, i:i + 1], cache, i)
+    steps.append(step)
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+  assert np.abs(full).max() <= 8.0  # the final soft-cap
+
+
+def test_sliding_window_hides_tokens_beyond_it():
+  cfg = model.Config(**(_HF_STYLE | {"num_layers": 1, "sliding_layers": None}))
+  params = model.init_params(cfg, jax.random.key(1))
+  x = jax.random.randint(jax.random.key(2), (1, 10), 0, 24)
+  lx, _ = model.apply(cfg, params, x)
+  ly, _ = model.apply(cfg, params, x.at[:, 4].set((x[:, 4] + 1) % 24))
+  np.testing.assert_allclose(lx[:, 7:], ly[:, 7:], atol=1e-6)  # position 4 is out of 7's window of 3
+  assert not np.allclose(lx[:, 4:7], ly[:, 4:7])
+
+
+def test_bad_hf_style_options():
+  for change, text in [({"norm": "batchnorm"}, "model.norm"), ({"mlp": "relu"}, "model.mlp"),
+                       ({"num_kv_heads": 3}, "num_kv_heads"), ({"sliding_layers": (5,)}, "sliding_layers"),
+                       ({"rope_scaling": {"rope_type": "yarn"}}, "llama3")]:
+    with pytest.raises(ValueError, match=text):
+      model.Config(**(_HF_STYLE | change))

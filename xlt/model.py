@@ -1,5 +1,7 @@
-"""A GPT decoder in Flax (pre-LayerNorm, causal attention, GELU MLP; learned absolute
-positions or rotary embeddings).
+"""A decoder in Flax: GPT-2 by default (pre-LayerNorm, causal attention, GELU MLP; learned
+absolute positions or rotary embeddings), and by its options the Hugging Face decoders
+xlt.pretrained loads (Llama 2/3, Mistral, Qwen2, Qwen3, Gemma, Gemma 2): RMSNorm, gated MLPs,
+grouped-query attention, q/k norms, sliding windows, soft-capping (building blocks: xlt.layers).
 
 Parameters are a plain nested dict whose paths name the block and the module kind:
 
@@ -7,12 +9,16 @@ Parameters are a plain nested dict whose paths name the block and the module kin
   block_{i}/{ln_1, attn/{qkv, proj}, ln_2, mlp/{fc, proj}}
 
 so a parameter partition or a layer swap is a function of the path (`xlt.paths.path_info`).
-(`wpe` exists only with `pos_embedding="learned"`; RoPE has no position parameters.)
-Every parameter carries logical axis names (`embed`, `heads`, `mlp`, `vocab`, ...); the
-config's sharding rules map them onto mesh axes (xlt.sharding).
+(`wpe` exists only with `pos_embedding="learned"`; RoPE has no position parameters.) Other
+options add or replace leaves with the same vocabulary: attn/{q, k, v} (separate kernels
+when there are fewer key/value heads than query heads), attn/{q_norm, k_norm} (qk_norm),
+mlp/{gate, up, proj} (gated MLPs), ln_1_post / ln_2_post (post_norms: Gemma 2 normalises each
+branch's output before the residual add).
+Every parameter carries logical axis names (`embed`, `heads`, `kv_heads`, `kv`, `mlp`,
+`vocab`, ...); the config's sharding rules map them onto mesh axes (xlt.sharding).
 
 Shape letters: B batch, T query positions, S key positions (cache length), D model
-width, H heads, K head width, V vocabulary, F MLP width.
+width, H heads, G key/value heads, K head width, V vocabulary, F MLP width.
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from xlt import layers
 from xlt import matmul
 from xlt import paths
+from xlt.layers import DROPOUT_BITS, causal_attention, dropout, gelu, rope  # noqa: F401 (xlt.model's API)
 
-
-DROPOUT_BITS = 16  # random bits per entry of a dropout mask (xlt.model.dropout)
+NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")
+MLPS = ("gelu", "swiglu", "geglu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,29 +47,86 @@ class Config:
   d_model: int = 64
   mlp_ratio: int = 4
   tie_embeddings: bool = False
-  dtype: str = "float32"  # compute dtype; parameters stay float32
-  ln_eps: float = 1e-5
+  dtype: str = "float32"  # compute dtype
+  ln_eps: float = 1e-5  # every norm's epsilon
   # "learned": a GPT-2 position table (wpe). "rope": rotary embeddings on queries and keys
   # (LitGPT's default, the reference's addition model); attention then sees relative offsets,
   # which is what aligning digits of variable-length operands needs.
   pos_embedding: str = "learned"
-  rope_base: float = 10000.0
+  rope_base: float = 10000.0  # Hugging Face's rope_theta
   # Dropout (GPT-2's places: the embeddings, the attention weights, each residual branch's
   # output) while training; evaluation never drops. 0 builds no dropout at all.
   dropout: float = 0.0
+  # ---- options for Hugging Face decoders (xlt.pretrained); the defaults are GPT-2's
+  norm: str = "layernorm"  # or "rmsnorm" (Llama), "rmsnorm_plus_one" (Gemma's x * (1 + w))
+  mlp: str = "gelu"  # or "swiglu" (Llama, Mistral, Qwen), "geglu" (Gemma, tanh-GELU)
+  mlp_dim: int | None = None  # MLP width; None: mlp_ratio * d_model
+  num_kv_heads: int | None = None  # key/value heads (GQA; 1 is MQA); None: num_heads
+  head_dim: int | None = None  # None: d_model // num_heads
+  bias: bool = True  # biases of the dense layers (and of LayerNorm, which always has one)
+  qkv_bias: bool | None = None  # biases of q, k, v alone (Qwen2); None: as `bias`
+  qk_norm: bool = False  # RMSNorm of each query and key head before RoPE (Qwen3)
+  post_norms: bool = False  # norms of the attention and MLP outputs (Gemma 2)
+  # llama3 scaling of the RoPE frequencies: ((key, value), ...) of transformers' rope_scaling
+  # (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings); () = none
+  rope_scaling: tuple = ()
+  embed_scale: bool = False  # Gemma: embeddings times sqrt(d_model) (in the compute dtype)
+  attn_logit_softcap: float | None = None  # Gemma 2: scores become tanh(s / cap) * cap
+  final_logit_softcap: float | None = None  # Gemma 2: the same on the logits
+  # Each query sees itself and the sliding_window - 1 positions before it (0: all earlier),
+  # on the layers `sliding_layers` lists (None: every layer; Gemma 2: the even ones).
+  sliding_window: int = 0
+  sliding_layers: tuple[int, ...] | None = None
+  query_pre_attn_scalar: float | None = None  # Gemma 2: scores scale by this ** -0.5, not head_dim's
+  param_dtype: str = "float32"
 
   def __post_init__(self):
+    if isinstance(self.rope_scaling, dict) or (self.rope_scaling and isinstance(self.rope_scaling, list)):
+      object.__setattr__(self, "rope_scaling", tuple(sorted(dict(self.rope_scaling).items())))
+    if self.sliding_layers is not None:
+      object.__setattr__(self, "sliding_layers", tuple(int(i) for i in self.sliding_layers))
     for f in ("vocab_size", "block_size", "num_layers", "num_heads", "d_model", "mlp_ratio"):
       if getattr(self, f) <= 0:
         raise ValueError(f"model.{f} must be positive, got {getattr(self, f)}")
-    if self.d_model % self.num_heads:
+    if self.head_dim is None and self.d_model % self.num_heads:
       raise ValueError(f"model.d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
     if self.pos_embedding not in ("learned", "rope"):
       raise ValueError(f"model.pos_embedding must be 'learned' or 'rope', got {self.pos_embedding!r}")
     if not (self.dropout == 0.0 or 2.0**-DROPOUT_BITS <= self.dropout < 1.0):
       raise ValueError(f"model.dropout must be 0 or in [2^-{DROPOUT_BITS}, 1), got {self.dropout}")
-    if self.pos_embedding == "rope" and (self.d_model // self.num_heads) % 2:
-      raise ValueError(f"rope needs an even head width, got d_model/num_heads={self.d_model // self.num_heads}")
+    if self.pos_embedding == "rope" and self.head_width % 2:
+      raise ValueError(f"rope needs an even head width, got {self.head_width}")
+    self._check_options()
+
+  def _check_options(self):
+    if self.norm not in NORMS:
+      raise ValueError(f"model.norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
+    if self.mlp not in MLPS:
+      raise ValueError(f"model.mlp must be one of {', '.join(MLPS)}, got {self.mlp!r}")
+    if self.num_kv_heads is not None and (self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads):
+      raise ValueError(f"model.num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
+    if self.rope_scaling and dict(self.rope_scaling).get("rope_type") != "llama3":
+      raise ValueError(f"model.rope_scaling supports rope_type llama3 only, got {dict(self.rope_scaling)}")
+    if self.sliding_window < 0 or any(not 0 <= i < self.num_layers for i in self.sliding_layers or ()):
+      raise ValueError(f"model.sliding_window must be >= 0 and sliding_layers in [0, {self.num_layers}), got "
+                       f"{self.sliding_window} and {self.sliding_layers}")
+
+  @property
+  def kv_heads(self) -> int:
+    return self.num_kv_heads or self.num_heads
+
+  @property
+  def head_width(self) -> int:
+    return self.head_dim or self.d_model // self.num_heads
+
+  @property
+  def mlp_width(self) -> int:
+    return self.mlp_dim or self.mlp_ratio * self.d_model
+
+  def window(self, layer: int) -> int:
+    """Layer `layer`'s sliding window (0: none)."""
+    local = self.sliding_layers is None or layer in self.sliding_layers
+    return self.sliding_window if local else 0
 
 
 def config_from(model_config, vocab_size: int) -> Config:
@@ -73,182 +138,90 @@ def config_from(model_config, vocab_size: int) -> Config:
   return Config(vocab_size=-(-vocab_size // multiple) * multiple, **m)
 
 
-def _init(axes, std=0.02):
-  return nn.with_logical_partitioning(nn.initializers.normal(std), axes)
+_init = layers.init
+_dropout = layers.module_dropout
 
 
-def _zeros(axes):
-  return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
-
-
-def _layer_norm(cfg: Config, name: str):
-  return nn.LayerNorm(
-      epsilon=cfg.ln_eps, name=name, dtype=jnp.dtype(cfg.dtype),
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)),
-      bias_init=_zeros(("norm",)))
-
-
-def dropout(key, x, rate: float):
-  """Zeroes each entry of `x` with probability `rate` (rounded to a multiple of 2^-16) and
-  scales the rest by 1 / (1 - that rate), so the expectation is `x`.
-
-  Why not flax's nn.Dropout: it draws a float32 uniform per entry from the partitionable
-  threefry, which hashes once per entry; 16 bits per entry from the non-partitionable threefry
-  (two 32-bit words per hash) is a quarter of the hashes: on CPU a graph-config step with
-  flax's masks took 1.35x a dropout-free one, with these 1.20x (benchmarks/dropout.py). The
-  mask depends only on the key and x's shape, so it is the same however x is sharded."""
-  threshold = round(rate * 2**DROPOUT_BITS)
-  keep = 1.0 - threshold / 2**DROPOUT_BITS
-  with jax.threefry_partitionable(False):  # read when traced: scoped to this draw
-    bits = jax.random.bits(key, x.shape, jnp.dtype(f"uint{DROPOUT_BITS}"))
-  return jnp.where(bits >= threshold, x / keep, 0).astype(x.dtype)
-
-
-def _dropout(module: nn.Module, cfg: Config, x):
-  """Dropout of `x` when `cfg.dropout` > 0 and the call was given a "dropout" rng (training:
-  xlt.train); otherwise `x` itself, so evaluation and dropout-free models are unchanged."""
-  if cfg.dropout == 0.0 or not module.has_rng("dropout"):
-    return x
-  return dropout(module.make_rng("dropout"), x, cfg.dropout)
-
-
-def rope(x_BxTxHxK, pos_T, base: float):
-  """Rotates each (first half, second half) pair of head features by position x frequency
-  (GPT-NeoX / LitGPT layout), so q.k depends on positions only through their offset."""
-  half = x_BxTxHxK.shape[-1] // 2
-  freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angle_TxK = pos_T[:, None].astype(jnp.float32) * freq[None, :]
-  cos, sin = jnp.cos(angle_TxK)[None, :, None, :], jnp.sin(angle_TxK)[None, :, None, :]
-  # split (whose gradient is a concatenate), not two slices (whose gradients are zero-padded
-  # full-width copies added up)
-  x1, x2 = (x.astype(jnp.float32) for x in jnp.split(x_BxTxHxK, 2, axis=-1))
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x_BxTxHxK.dtype)
-
-
-def causal_attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p, query_chunks=1):
-  """softmax(q.k + mask) @ v, normalised after the value product (flash attention's order):
-  the division then touches [B, H, T, K] instead of [B, H, T, S], and the row maximum is
-  outside the gradient (softmax does not depend on it), so the backward pass has no
-  reduce_max to differentiate. On XLA:CPU every pass over the [B, H, T, S] scores costs
-  about as much as a matmul; this order makes three fewer of them per layer and step.
-
-  `query_chunks` > 1 (self-attention from position 0, so that the mask is lower-triangular)
-  cuts the queries into that many chunks, each attending to the keys up to its last
-  position: the same values, without the masked scores above the diagonal
-  (xlt.matmul.causal_query_chunks says how many pay)."""
-  t = q_BxHxTxK.shape[2]
-  if query_chunks > 1:
-    if k_BxHxSxK.shape[2] != t:
-      raise ValueError(f"query_chunks={query_chunks} needs self-attention from position 0 (as many keys as "
-                       f"queries); got {t} queries and {k_BxHxSxK.shape[2]} keys")
-    bounds = [round(t * i / query_chunks) for i in range(query_chunks + 1)]
-    return jnp.concatenate(
-        [_attention(q_BxHxTxK[:, :, lo:hi], k_BxHxSxK[:, :, :hi], v_BxHxSxK[:, :, :hi], mask_TxS[lo:hi, :hi], drop)
-         for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo], axis=1)
-  return _attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop)
-
-
-def _attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop):
-  dt = q_BxHxTxK.dtype
-  # the mask as an added bias (xlt.matmul.mask_bias): masked entries become exp(-1e30) = 0
-  att_BxHxTxS = matmul.attention_scores(q_BxHxTxK, k_BxHxSxK).astype(jnp.float32) + matmul.mask_bias(mask_TxS)
-  max_BxHxTx1 = jax.lax.stop_gradient(att_BxHxTxS.max(-1, keepdims=True))
-  p_BxHxTxS = jnp.exp(att_BxHxTxS - max_BxHxTx1)
-  sum_BxTxHx1 = p_BxHxTxS.sum(-1).transpose(0, 2, 1)[..., None]  # >= 1: the diagonal is unmasked
-  # `drop` (dropout of the attention weights) after the sum: the normalised weights are dropped
-  out_BxTxHxK = matmul.attention_values(drop(p_BxHxTxS).astype(dt), v_BxHxSxK)
-  return (out_BxTxHxK.astype(jnp.float32) / sum_BxTxHx1).astype(dt)
+def _qkv(c: Config, x_BxTxD):
+  """Queries [B, T, H, K], keys and values [B, T, G, K]: one fused kernel [D, 3, H, K] (GPT-2's
+  c_attn) when every query head has its own key/value head, else separate q, k, v kernels."""
+  h, g, k = c.num_heads, c.kv_heads, c.head_width
+  bias = c.bias if c.qkv_bias is None else c.qkv_bias
+  if g == h:
+    qkv_BxTx3xHxK = layers.dense(c, (3, h, k), "qkv", ("embed", "qkv", "heads", "kv"), use_bias=bias)(x_BxTxD)
+    # split, not indexing: the gradient of a split is one concatenate, where three index ops
+    # became three zero-padded copies of the [B, T, 3, H, K] tensor added up (XLA:CPU: ~10%
+    # of the addition step)
+    return tuple(x[:, :, 0] for x in jnp.split(qkv_BxTx3xHxK, 3, axis=2))
+  return (layers.dense(c, (h, k), "q", ("embed", "heads", "kv"), use_bias=bias)(x_BxTxD),
+          layers.dense(c, (g, k), "k", ("embed", "kv_heads", "kv"), use_bias=bias)(x_BxTxD),
+          layers.dense(c, (g, k), "v", ("embed", "kv_heads", "kv"), use_bias=bias)(x_BxTxD))
 
 
 class Attention(nn.Module):
   cfg: Config
+  window: int = 0  # sliding window of this layer (0: none)
 
   @nn.compact
   def __call__(self, x_BxTxD, cache, pos):
     c, dt = self.cfg, jnp.dtype(self.cfg.dtype)
-    h, k = c.num_heads, c.d_model // c.num_heads
-    qkv_BxTx3xHxK = nn.DenseGeneral(
-        (3, h, k), name="qkv", dtype=dt, dot_general=matmul.dense,
-        kernel_init=_init(("embed", "qkv", "heads", "kv")),
-        bias_init=_zeros(("qkv", "heads", "kv")))(x_BxTxD)
-    # split, not indexing: the gradient of a split is one concatenate, where three index ops
-    # became three zero-padded copies of the [B, T, 3, H, K] tensor added up (XLA:CPU: ~10%
-    # of the addition step)
-    q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (x[:, :, 0] for x in jnp.split(qkv_BxTx3xHxK, 3, axis=2))
+    q_BxTxHxK, k_BxTxGxK, v_BxTxGxK = _qkv(c, x_BxTxD)
+    if c.qk_norm:  # one weight of K entries shared by all heads (Qwen3), before RoPE
+      qk_norm = lambda name: layers.RMSNorm(c.ln_eps, c.norm == "rmsnorm_plus_one", dt, jnp.dtype(c.param_dtype),
+                                            name=name)
+      q_BxTxHxK, k_BxTxGxK = qk_norm("q_norm")(q_BxTxHxK), qk_norm("k_norm")(k_BxTxGxK)
     if c.pos_embedding == "rope":  # keys are cached rotated: a key's position never changes
       pos_T = pos + jnp.arange(x_BxTxD.shape[1])
-      q_BxTxHxK, k_BxTxHxK = rope(q_BxTxHxK, pos_T, c.rope_base), rope(k_BxTxHxK, pos_T, c.rope_base)
+      scaling = dict(c.rope_scaling) if c.rope_scaling else None
+      q_BxTxHxK, k_BxTxGxK = rope(q_BxTxHxK, pos_T, c.rope_base, scaling), rope(k_BxTxGxK, pos_T, c.rope_base, scaling)
     # Attention runs head-major ([B, H, T, K]) and the cache is kept that way: a decoding step
     # then reads the cache in the layout its matmuls want, instead of transposing all of it
     # per layer and token (XLA:CPU spent half of each decoding step on those copies).
-    q_BxHxTxK, k_BxHxTxK, v_BxHxTxK = (x.transpose(0, 2, 1, 3) for x in (q_BxTxHxK, k_BxTxHxK, v_BxTxHxK))
+    q_BxHxTxK, k_BxGxTxK, v_BxGxTxK = (x.transpose(0, 2, 1, 3) for x in (q_BxTxHxK, k_BxTxGxK, v_BxTxGxK))
     if cache is not None:  # decoding: write this chunk at `pos`, attend to all written so far
-      k_BxHxSxK = jax.lax.dynamic_update_slice(cache[0], k_BxHxTxK.astype(cache[0].dtype), (0, 0, pos, 0))
-      v_BxHxSxK = jax.lax.dynamic_update_slice(cache[1], v_BxHxTxK.astype(cache[1].dtype), (0, 0, pos, 0))
-      cache = (k_BxHxSxK, v_BxHxSxK)
+      k_BxGxSxK = jax.lax.dynamic_update_slice(cache[0], k_BxGxTxK.astype(cache[0].dtype), (0, 0, pos, 0))
+      v_BxGxSxK = jax.lax.dynamic_update_slice(cache[1], v_BxGxTxK.astype(cache[1].dtype), (0, 0, pos, 0))
+      cache = (k_BxGxSxK, v_BxGxSxK)
       if isinstance(pos, int) and pos == 0:  # prefill: the cache beyond this chunk is empty
-        k_BxHxSxK, v_BxHxSxK = k_BxHxTxK, v_BxHxTxK  # (and masked): attend to the chunk alone
+        k_BxGxSxK, v_BxGxSxK = k_BxGxTxK, v_BxGxTxK  # (and masked): attend to the chunk alone
     else:  # training / scoring: the keys are the queries' own positions
-      k_BxHxSxK, v_BxHxSxK = k_BxHxTxK, v_BxHxTxK
-    t, s = x_BxTxD.shape[1], k_BxHxSxK.shape[2]
-    causal_TxS = (jnp.arange(t)[:, None] + pos) >= jnp.arange(s)[None, :]
-    out_BxTxHxK = causal_attention(q_BxHxTxK * (k ** -0.5), k_BxHxSxK.astype(dt), v_BxHxSxK.astype(dt), causal_TxS,
+      k_BxGxSxK, v_BxGxSxK = k_BxGxTxK, v_BxGxTxK
+    t, s = x_BxTxD.shape[1], k_BxGxSxK.shape[2]
+    q_Tx1, k_1xS = jnp.arange(t)[:, None] + pos, jnp.arange(s)[None, :]
+    causal_TxS = q_Tx1 >= k_1xS
+    if self.window:  # the query itself and the window - 1 positions before it
+      causal_TxS = causal_TxS & (k_1xS > q_Tx1 - self.window)
+    if c.kv_heads != c.num_heads:  # query head h reads key/value head h // (H / G), as repeat_kv
+      k_BxHxSxK, v_BxHxSxK = (jnp.repeat(x, c.num_heads // c.kv_heads, axis=1) for x in (k_BxGxSxK, v_BxGxSxK))
+    else:
+      k_BxHxSxK, v_BxHxSxK = k_BxGxSxK, v_BxGxSxK
+    scale = c.query_pre_attn_scalar ** -0.5 if c.query_pre_attn_scalar else c.head_width ** -0.5
+    out_BxTxHxK = causal_attention(q_BxHxTxK * scale, k_BxHxSxK.astype(dt), v_BxHxSxK.astype(dt), causal_TxS,
                                    lambda p: _dropout(self, c, p),
                                    # from position 0 (training, scoring, prefill) the mask is lower-triangular
-                                   matmul.causal_query_chunks(t) if isinstance(pos, int) and pos == 0 else 1)
-    out_BxTxD = nn.DenseGeneral(
-        c.d_model, axis=(-2, -1), name="proj", dtype=dt, dot_general=matmul.dense,
-        # GPT-2: residual projections start smaller so the residual stream stays O(1).
-        kernel_init=_init(("heads", "kv", "embed"), 0.02 / (2 * c.num_layers) ** 0.5),
-        bias_init=_zeros(("embed",)))(out_BxTxHxK)
+                                   matmul.causal_query_chunks(t) if isinstance(pos, int) and pos == 0 else 1,
+                                   softcap=c.attn_logit_softcap)
+    # GPT-2: residual projections start smaller so the residual stream stays O(1).
+    out_BxTxD = layers.dense(c, c.d_model, "proj", ("heads", "kv", "embed"), axis=(-2, -1),
+                             std=0.02 / (2 * c.num_layers) ** 0.5)(out_BxTxHxK)
     return _dropout(self, c, out_BxTxD), cache
-
-
-_GELU_C = (2 / jnp.pi) ** 0.5
-
-
-@jax.custom_jvp
-def gelu(x):
-  """GELU, tanh approximation (GPT-2's; flax's `nn.gelu` default), with its derivative
-  written out: autodiff of the formula sums two paths through x (x * (1 + tanh(u(x)))),
-  which XLA:CPU ran as a separate pass over the [B, T, F] activations in every backward
-  step; one expression fuses into the product with the incoming gradient."""
-  return 0.5 * x * (1 + jnp.tanh(_GELU_C * (x + 0.044715 * x ** 3)))
-
-
-@gelu.defjvp
-def _gelu_jvp(primals, tangents):
-  (x,), (dx,) = primals, tangents
-  t = jnp.tanh(_GELU_C * (x + 0.044715 * x ** 3))
-  slope = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _GELU_C * (1 + 3 * 0.044715 * x * x)
-  return 0.5 * x * (1 + t), slope * dx
-
-
-class Mlp(nn.Module):
-  cfg: Config
-
-  @nn.compact
-  def __call__(self, x_BxTxD):
-    c, dt = self.cfg, jnp.dtype(self.cfg.dtype)
-    f = c.mlp_ratio * c.d_model
-    x_BxTxF = nn.Dense(f, name="fc", dtype=dt, dot_general=matmul.dense, kernel_init=_init(("embed", "mlp")),
-                       bias_init=_zeros(("mlp",)))(x_BxTxD)
-    x_BxTxF = gelu(x_BxTxF)
-    x_BxTxD = nn.Dense(c.d_model, name="proj", dtype=dt, dot_general=matmul.dense,
-                       kernel_init=_init(("mlp", "embed"), 0.02 / (2 * c.num_layers) ** 0.5),
-                       bias_init=_zeros(("embed",)))(x_BxTxF)
-    return _dropout(self, c, x_BxTxD)
 
 
 class Block(nn.Module):
   cfg: Config
+  window: int = 0
 
   @nn.compact
   def __call__(self, x_BxTxD, cache, pos):
-    y_BxTxD, cache = Attention(self.cfg, name="attn")(_layer_norm(self.cfg, "ln_1")(x_BxTxD), cache, pos)
+    c = self.cfg
+    y_BxTxD, cache = Attention(c, self.window, name="attn")(layers.norm(c, "ln_1")(x_BxTxD), cache, pos)
+    if c.post_norms:
+      y_BxTxD = layers.norm(c, "ln_1_post")(y_BxTxD)
     x_BxTxD = x_BxTxD + y_BxTxD
-    x_BxTxD = x_BxTxD + Mlp(self.cfg, name="mlp")(_layer_norm(self.cfg, "ln_2")(x_BxTxD))
-    return x_BxTxD, cache
+    y_BxTxD = layers.Mlp(c, name="mlp")(layers.norm(c, "ln_2")(x_BxTxD))
+    if c.post_norms:
+      y_BxTxD = layers.norm(c, "ln_2_post")(y_BxTxD)
+    return x_BxTxD + y_BxTxD, cache
 
 
 class GPT(nn.Module):
@@ -263,36 +236,39 @@ class GPT(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BxT, cache=None, pos=0):
-    c, dt = self.cfg, jnp.dtype(self.cfg.dtype)
-    wte = nn.Embed(c.vocab_size, c.d_model, name="wte", embedding_init=_init(("vocab", "embed")))
+    c, dt, pdt = self.cfg, jnp.dtype(self.cfg.dtype), jnp.dtype(self.cfg.param_dtype)
+    wte = nn.Embed(c.vocab_size, c.d_model, name="wte", embedding_init=_init(("vocab", "embed")), param_dtype=pdt)
     x_BxTxD = wte(tokens_BxT)
     if c.pos_embedding == "learned":
-      wpe = self.param("wpe", _init(("pos", "embed")), (c.block_size, c.d_model))
+      wpe = self.param("wpe", _init(("pos", "embed")), (c.block_size, c.d_model), pdt)
       x_BxTxD = x_BxTxD + jnp.take(wpe, pos + jnp.arange(tokens_BxT.shape[1]), axis=0)[None]
     x_BxTxD = _dropout(self, c, x_BxTxD).astype(dt)
+    if c.embed_scale:  # Gemma: sqrt(D) rounded to the compute dtype first, as transformers does
+      x_BxTxD = x_BxTxD * jnp.asarray(c.d_model ** 0.5, dt)
     new_cache = []
     for i in range(c.num_layers):
-      x_BxTxD, layer_cache = Block(c, name=f"block_{i}")(
+      x_BxTxD, layer_cache = Block(c, c.window(i), name=f"block_{i}")(
           x_BxTxD, None if cache is None else cache[i], pos)
       new_cache.append(layer_cache)
-    x_BxTxD = _layer_norm(c, "ln_f")(x_BxTxD)
+    x_BxTxD = layers.norm(c, "ln_f")(x_BxTxD)
     if c.tie_embeddings:
       # wte.attend, as a dense layer over wte^T (its weight gradient the fast way round)
       x_BxTxD, emb_VxD = nn.dtypes.promote_dtype(x_BxTxD, wte.embedding)
       logits_BxTxV = matmul.dense(x_BxTxD, emb_VxD.T, (((x_BxTxD.ndim - 1,), (0,)), ((), ())))
     else:
-      logits_BxTxV = nn.Dense(c.vocab_size, use_bias=False, name="lm_head", dtype=dt, dot_general=matmul.dense,
-                              kernel_init=_init(("embed", "vocab")))(x_BxTxD)
-    return logits_BxTxV.astype(jnp.float32), (None if cache is None else tuple(new_cache))
+      logits_BxTxV = layers.dense(c, c.vocab_size, "lm_head", ("embed", "vocab"), use_bias=False)(x_BxTxD)
+    logits_BxTxV = logits_BxTxV.astype(jnp.float32)
+    if c.final_logit_softcap:
+      logits_BxTxV = jnp.tanh(logits_BxTxV / c.final_logit_softcap) * c.final_logit_softcap
+    return logits_BxTxV, (None if cache is None else tuple(new_cache))
 
 
 def init_cache(cfg: Config, batch: int, length: int | None = None):
-  """Per layer (keys, values), each [B, H, S, K] (head-major: see Attention), zero-filled."""
+  """Per layer (keys, values), each [B, G, S, K] (head-major: see Attention; the key/value
+  heads, not the query heads), zero-filled."""
   s = length or cfg.block_size
-  shape = (batch, cfg.num_heads, s, cfg.d_model // cfg.num_heads)
+  shape = (batch, cfg.kv_heads, s, cfg.head_width)
   return tuple((jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype)) for _ in range(cfg.num_layers))
-
-
 def init_params(cfg: Config, rng):
   """Plain (unboxed) parameter dict: {'wte': ..., 'block_0': {...}, ...}."""
   boxed = GPT(cfg).init(rng, jnp.zeros((1, 1), jnp.int32))["params"]

@@ -100,8 +100,9 @@ _BLOCK = re.compile(r"block_(\d+)$")
 def xlt_block_kind(path) -> tuple[int | None, str]:
   """(block index or None, kind) of an xlt GPT parameter path (`path_info`).
 
-  kinds: embedding (wte, wpe), head (ln_f, lm_head), and inside block_{i}: attn, mlp,
-  or norm (ln_1, ln_2).
+  kinds: embedding (wte, wpe), head (ln_f, lm_head), and inside block_{i}: attn (qkv or
+  q, k, v, proj, q_norm, k_norm), mlp (fc or gate, up; proj), or norm (ln_1, ln_2, and
+  Gemma 2's ln_1_post, ln_2_post: every other block parameter outside attn and mlp).
   """
   names = path_names(path)
   if not names:
@@ -116,10 +117,11 @@ def xlt_block_kind(path) -> tuple[int | None, str]:
 
 def xlt_row_axes(path, shape) -> tuple[int, ...]:
   """Rows = output units. A flax Dense kernel is [in..., out...]: attn/proj's kernel
-  [H, K, D] has two input axes, every other kernel (qkv [D, 3, H, K], mlp fc [D, F],
-  mlp proj [F, D], lm_head [D, V]) one, so its rows are its trailing axes (for a [D, F]
-  kernel: its F columns). Embedding tables (wte [V, D], wpe [T, D]) have one row per
-  token / position. Biases (qkv's [3, H, K] too), norms and other 1-D leaves: one row.
+  [H, K, D] has two input axes, every other kernel (qkv [D, 3, H, K], q [D, H, K], k and v
+  [D, G, K], mlp fc / gate / up [D, F], mlp proj [F, D], lm_head [D, V]) one, so its rows are
+  its trailing axes (for a [D, F] kernel: its F columns). Embedding tables (wte [V, D],
+  wpe [T, D]) have one row per token / position. Biases (qkv's [3, H, K], q's [H, K] too),
+  norms (q_norm / k_norm [K] included) and other 1-D leaves: one row.
   """
   names = path_names(path)
   if names and names[-1] == "kernel":

@@ -1,0 +1,215 @@
+"""The decoder's building blocks (xlt.model assembles them): dropout, rotary embeddings,
+causal attention, the activations, norms and MLPs.
+
+Besides GPT-2's choices (LayerNorm, GELU MLP) they cover what Hugging Face decoders compute
+(docs: /work/shared/HF_MODELS.md's facts, summarised where each is used): RMSNorm and Gemma's
+(1 + w) RMSNorm, gated MLPs (SwiGLU, tanh-GeGLU), llama3 rope scaling, soft-capped scores.
+Functions take the model's Config (duck-typed: this module does not import xlt.model).
+
+Shape letters as in xlt.model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xlt import matmul
+
+
+DROPOUT_BITS = 16  # random bits per entry of a dropout mask (xlt.model.dropout)
+
+
+def init(axes, std=0.02):
+  return nn.with_logical_partitioning(nn.initializers.normal(std), axes)
+
+
+def zeros(axes):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def dropout(key, x, rate: float):
+  """Zeroes each entry of `x` with probability `rate` (rounded to a multiple of 2^-16) and
+  scales the rest by 1 / (1 - that rate), so the expectation is `x`.
+
+  Why not flax's nn.Dropout: it draws a float32 uniform per entry from the partitionable
+  threefry, which hashes once per entry; 16 bits per entry from the non-partitionable threefry
+  (two 32-bit words per hash) is a quarter of the hashes: on CPU a graph-config step with
+  flax's masks took 1.35x a dropout-free one, with these 1.20x (benchmarks/dropout.py). The
+  mask depends only on the key and x's shape, so it is the same however x is sharded."""
+  threshold = round(rate * 2**DROPOUT_BITS)
+  keep = 1.0 - threshold / 2**DROPOUT_BITS
+  with jax.threefry_partitionable(False):  # read when traced: scoped to this draw
+    bits = jax.random.bits(key, x.shape, jnp.dtype(f"uint{DROPOUT_BITS}"))
+  return jnp.where(bits >= threshold, x / keep, 0).astype(x.dtype)
+
+
+def module_dropout(module: nn.Module, cfg, x):
+  """Dropout of `x` when `cfg.dropout` > 0 and the call was given a "dropout" rng (training:
+  xlt.train); otherwise `x` itself, so evaluation and dropout-free models are unchanged."""
+  if cfg.dropout == 0.0 or not module.has_rng("dropout"):
+    return x
+  return dropout(module.make_rng("dropout"), x, cfg.dropout)
+
+
+def llama3_freqs(head_dim: int, base: float, scaling: dict) -> np.ndarray:
+  """Llama 3's rope frequencies (transformers' `_compute_llama3_parameters`, in float32 as
+  there): wavelengths below original_max_position_embeddings / high_freq_factor keep their
+  frequency, those above original / low_freq_factor are divided by `factor`, and the band
+  between interpolates. Static: independent of the sequence length."""
+  f32 = np.float32
+  inv = (f32(1.0) / (f32(base) ** (np.arange(0, head_dim, 2).astype(f32) / f32(head_dim)))).astype(f32)
+  factor, low, high = (f32(scaling[k]) for k in ("factor", "low_freq_factor", "high_freq_factor"))
+  old = f32(scaling["original_max_position_embeddings"])
+  wavelen = f32(2 * math.pi) / inv
+  out = np.where(wavelen > old / low, inv / factor, inv)
+  smooth = (old / wavelen - low) / (high - low)
+  smoothed = (1 - smooth) * out / factor + smooth * out
+  medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+  return np.where(medium, smoothed, out).astype(f32)
+
+
+def rope(x_BxTxHxK, pos_T, base: float, scaling: dict | None = None):
+  """Rotates each (first half, second half) pair of head features by position x frequency
+  (GPT-NeoX / LitGPT layout, and transformers' rotate_half: feature i pairs with i + K/2), so
+  q.k depends on positions only through their offset. `scaling` (rope_type llama3) changes
+  the frequencies only."""
+  half = x_BxTxHxK.shape[-1] // 2
+  if scaling:
+    freq = jnp.asarray(llama3_freqs(2 * half, base, scaling))
+  else:
+    freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angle_TxK = pos_T[:, None].astype(jnp.float32) * freq[None, :]
+  cos, sin = jnp.cos(angle_TxK)[None, :, None, :], jnp.sin(angle_TxK)[None, :, None, :]
+  # split (whose gradient is a concatenate), not two slices (whose gradients are zero-padded
+  # full-width copies added up)
+  x1, x2 = (x.astype(jnp.float32) for x in jnp.split(x_BxTxHxK, 2, axis=-1))
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x_BxTxHxK.dtype)
+
+
+def causal_attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p, query_chunks=1, softcap=None):
+  """softmax(q.k + mask) @ v, normalised after the value product (flash attention's order):
+  the division then touches [B, H, T, K] instead of [B, H, T, S], and the row maximum is
+  outside the gradient (softmax does not depend on it), so the backward pass has no
+  reduce_max to differentiate. On XLA:CPU every pass over the [B, H, T, S] scores costs
+  about as much as a matmul; this order makes three fewer of them per layer and step.
+
+  `query_chunks` > 1 (self-attention from position 0, so that the mask is lower-triangular)
+  cuts the queries into that many chunks, each attending to the keys up to its last
+  position: the same values, without the masked scores above the diagonal
+  (xlt.matmul.causal_query_chunks says how many pay). `softcap` (Gemma 2) replaces the
+  scores s by tanh(s / cap) * cap before the mask is added."""
+  t = q_BxHxTxK.shape[2]
+  if query_chunks > 1:
+    if k_BxHxSxK.shape[2] != t:
+      raise ValueError(f"query_chunks={query_chunks} needs self-attention from position 0 (as many keys as "
+                       f"queries); got {t} queries and {k_BxHxSxK.shape[2]} keys")
+    bounds = [round(t * i / query_chunks) for i in range(query_chunks + 1)]
+    return jnp.concatenate(
+        [_attention(q_BxHxTxK[:, :, lo:hi], k_BxHxSxK[:, :, :hi], v_BxHxSxK[:, :, :hi], mask_TxS[lo:hi, :hi], drop,
+                    softcap)
+         for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo], axis=1)
+  return _attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop, softcap)
+
+
+def _attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop, softcap=None):
+  dt = q_BxHxTxK.dtype
+  att_BxHxTxS = matmul.attention_scores(q_BxHxTxK, k_BxHxSxK).astype(jnp.float32)
+  if softcap:
+    att_BxHxTxS = jnp.tanh(att_BxHxTxS / softcap) * softcap
+  # the mask as an added bias (xlt.matmul.mask_bias): masked entries become exp(-1e30) = 0
+  att_BxHxTxS = att_BxHxTxS + matmul.mask_bias(mask_TxS)
+  max_BxHxTx1 = jax.lax.stop_gradient(att_BxHxTxS.max(-1, keepdims=True))
+  p_BxHxTxS = jnp.exp(att_BxHxTxS - max_BxHxTx1)
+  sum_BxTxHx1 = p_BxHxTxS.sum(-1).transpose(0, 2, 1)[..., None]  # >= 1: the diagonal is unmasked
+  # `drop` (dropout of the attention weights) after the sum: the normalised weights are dropped
+  out_BxTxHxK = matmul.attention_values(drop(p_BxHxTxS).astype(dt), v_BxHxSxK)
+  return (out_BxTxHxK.astype(jnp.float32) / sum_BxTxHx1).astype(dt)
+
+
+_GELU_C = (2 / jnp.pi) ** 0.5
+
+
+@jax.custom_jvp
+def gelu(x):
+  """GELU, tanh approximation (GPT-2's `gelu_new`, Gemma's `gelu_pytorch_tanh`; flax's
+  `nn.gelu` default), with its derivative written out: autodiff of the formula sums two paths
+  through x (x * (1 + tanh(u(x)))), which XLA:CPU ran as a separate pass over the [B, T, F]
+  activations in every backward step; one expression fuses into the product with the
+  incoming gradient."""
+  return 0.5 * x * (1 + jnp.tanh(_GELU_C * (x + 0.044715 * x ** 3)))
+
+
+@gelu.defjvp
+def _gelu_jvp(primals, tangents):
+  (x,), (dx,) = primals, tangents
+  t = jnp.tanh(_GELU_C * (x + 0.044715 * x ** 3))
+  slope = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _GELU_C * (1 + 3 * 0.044715 * x * x)
+  return 0.5 * x * (1 + t), slope * dx
+
+
+class RMSNorm(nn.Module):
+  """x / rms(x) * w, in float32 (transformers' LlamaRMSNorm: eps inside the root, the weight
+  applied after casting back), or with `plus_one` Gemma's x / rms(x) * (1 + w), whose weight
+  starts at 0 and multiplies before the cast."""
+
+  eps: float
+  plus_one: bool = False
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    init_fn = nn.initializers.zeros_init() if self.plus_one else nn.initializers.ones_init()
+    scale = self.param("scale", nn.with_logical_partitioning(init_fn, ("norm",)), (x.shape[-1],), self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    if self.plus_one:
+      return (y * (1.0 + scale.astype(jnp.float32))).astype(self.dtype)
+    return y.astype(self.dtype) * scale.astype(self.dtype)
+
+
+def norm(cfg, name: str):
+  """The config's norm: GPT-2's LayerNorm (scale and bias), RMSNorm or Gemma's (1 + w)."""
+  dt, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+  if cfg.norm == "layernorm":
+    return nn.LayerNorm(
+        epsilon=cfg.ln_eps, name=name, dtype=dt, param_dtype=pdt,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)),
+        bias_init=zeros(("norm",)))
+  return RMSNorm(cfg.ln_eps, cfg.norm == "rmsnorm_plus_one", dt, pdt, name=name)
+
+
+def dense(cfg, features, name: str, axes, *, std=0.02, use_bias=None, axis=-1):
+  """A flax DenseGeneral with xlt's matmul, initialisers and logical axes (the kernel's;
+  the bias takes the output ones). `use_bias` None follows `cfg.bias`."""
+  num_in = len(axis) if isinstance(axis, tuple) else 1
+  return nn.DenseGeneral(
+      features, axis=axis, name=name, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
+      use_bias=cfg.bias if use_bias is None else use_bias, dot_general=matmul.dense,
+      kernel_init=init(axes, std), bias_init=zeros(axes[num_in:]))
+
+
+class Mlp(nn.Module):
+  """GPT-2's fc -> GELU -> proj, or a gated MLP proj(act(gate(x)) * up(x)) with act SiLU
+  (swiglu: Llama, Mistral, Qwen) or tanh-GELU (geglu: Gemma)."""
+
+  cfg: object
+
+  @nn.compact
+  def __call__(self, x_BxTxD):
+    c = self.cfg
+    f = c.mlp_width
+    # GPT-2: residual projections start smaller so the residual stream stays O(1).
+    out_std = 0.02 / (2 * c.num_layers) ** 0.5
+    if c.mlp == "gelu":
+      x_BxTxF = gelu(dense(c, f, "fc", ("embed", "mlp"))(x_BxTxD))
+    else:
+      act = jax.nn.silu if c.mlp == "swiglu" else gelu
+      x_BxTxF = act(dense(c, f, "gate", ("embed", "mlp"))(x_BxTxD)) * dense(c, f, "up", ("embed", "mlp"))(x_BxTxD)
+    x_BxTxD = dense(c, c.d_model, "proj", ("mlp", "embed"), std=out_std)(x_BxTxF)
+    return module_dropout(self, c, x_BxTxD)
