@@ -253,12 +253,14 @@ def test_ties_trim_elect_disjoint_mean():
   experts = [{"w": base["w"] + np.asarray(d, np.float32)} for d in deltas]
   # trimmed: [3,0,2,0,-4], [2,0,-5,4,0], [0,6,0,-3,4]; sums [5,6,-3,1,0] -> signs + + - + none
   # agreeing means: (3+2)/2, 6, -5, 4, and 0 where the sum is exactly 0
-  out = merge.ties(base, experts, density=0.6)
+  out = merge.ties(base, experts, density=0.6, convention="xlt")
   np.testing.assert_allclose(out["w"], [12.5, 16.0, 5.0, 14.0, 10.0])
-  out = merge.ties(base, experts, density=0.6, lambdas=0.5)
+  # the default is mergekit's rule: an exact 0 sum elects +, whose agreeing delta is 4
+  np.testing.assert_allclose(merge.ties(base, experts, density=0.6)["w"], [12.5, 16.0, 5.0, 14.0, 14.0])
+  out = merge.ties(base, experts, density=0.6, lambdas=0.5, convention="xlt")
   np.testing.assert_allclose(out["w"], [11.25, 13.0, 7.5, 12.0, 10.0])
   # Without the trim: sums [4,6,-1.5,1.5,0.1]; means (3+2)/2, (1+6)/2, -5, (0.5+4)/2, (0.1+4)/2
-  np.testing.assert_allclose(merge.ties(base, experts, density=1.0)["w"], [12.5, 13.5, 5.0, 12.25, 12.05], rtol=1e-6)
+  np.testing.assert_allclose(merge.ties(base, experts, density=1.0, convention="xlt")["w"], [12.5, 13.5, 5.0, 12.25, 12.05], rtol=1e-6)
   with pytest.raises(ValueError, match="density"):
     merge.ties(base, experts, density=0.0)
 

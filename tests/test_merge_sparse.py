@@ -92,7 +92,7 @@ def test_mergekit_conventions_differ_from_xlts_where_documented():
   name = "model.layers.1.mlp.down_proj.weight"
   spec = [s for f, c, s, _ in CASES if (f, c) == ("ties", "w")][0]
   want = [w for f, c, _, w in CASES if (f, c) == ("ties", "w")][0][name]
-  xlt = combine.ties(base, experts, density=0.3, lambdas=[1.0, 0.5])[name]
+  xlt = combine.ties(base, experts, density=0.3, lambdas=[1.0, 0.5], convention="xlt")[name]
   assert spec["models"][1]["weight"] == 0.5 and np.max(np.abs(xlt - want)) > 0.01  # count vs weight sum
   dare = [w for f, c, _, w in CASES if (f, c) == ("dare_linear", "w")][0][name]
   exact = combine.dare(base, experts, drop=0.6, seed=5, lambdas=[1.0, 0.5])[name]
@@ -135,13 +135,13 @@ def test_ties_conventions_by_hand():
   base = {"w": np.zeros(5, np.float32)}
   experts = [{"w": np.array([5.0, -4, 3, 2, 1], np.float32)}, {"w": np.array([-5.0, 1, 2, 0, 0], np.float32)}]
   # density 0.5 of 5: xlt keeps round(2.5) = 3, mergekit int(2.5) = 2
-  xlt = combine.ties(base, experts, density=0.5, lambdas=[1.0, 2.0])["w"]
+  xlt = combine.ties(base, experts, density=0.5, lambdas=[1.0, 2.0], convention="xlt")["w"]
   mk = combine.ties(base, experts, density=0.5, lambdas=[1.0, 2.0], convention="mergekit")["w"]
   # trimmed: xlt [5,-4,3,0,0], [-10,2,4,0,0]; mergekit [5,-4,0,0,0], [-10,0,4,0,0]
   np.testing.assert_allclose(xlt, [-10, -4, 3.5, 0, 0], rtol=1e-6)
   np.testing.assert_allclose(mk, [-10 / 2, -4 / 1, 4 / 2, 0, 0], rtol=1e-6)
   tie = [{"w": np.array([1.0], np.float32)}, {"w": np.array([-1.0], np.float32)}]
-  assert combine.ties({"w": np.zeros(1, np.float32)}, tie, density=1.0)["w"][0] == 0  # no sign elected
+  assert combine.ties({"w": np.zeros(1, np.float32)}, tie, density=1.0, convention="xlt")["w"][0] == 0  # no sign elected
   assert combine.ties({"w": np.zeros(1, np.float32)}, tie, density=1.0, convention="mergekit")["w"][0] == 1
   with pytest.raises(ValueError, match="convention must be 'xlt' or 'mergekit'"):
     combine.ties(base, experts, convention="MergeKit")

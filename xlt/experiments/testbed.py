@@ -150,7 +150,8 @@ def merges(c, seed: int = 0) -> list[tuple[str, str, dict]]:
          for b, u, t in _swaps(c)]
   out += [("soup", "soup", {}), ("soup (magnitude)", "soup", {"weights": "magnitude"})]
   out += [(f"task arithmetic λ={lam}", "task_arithmetic", {"lambdas": float(lam)}) for lam in m.task_arithmetic]
-  out += [(f"TIES density={m.ties_density}", "ties", {"density": m.ties_density}),
+  # TIES in the rule its recorded results were made with (xlt.merge.combine.ties: convention)
+  out += [(f"TIES density={m.ties_density}", "ties", {"density": m.ties_density, "convention": "xlt"}),
           (f"DARE drop={m.dare_drop}", "dare", {"drop": m.dare_drop, "seed": seed}),
           ("MAET", "maet", m.maet.to_dict())]
   for spec in m.get("extra", ()):

@@ -1,4 +1,4 @@
-"""Merges checkpoint files with any method of the registry (xlt/merge/registry.py):
+r"""Merges checkpoint files with any method of the registry (xlt/merge/registry.py):
 
   python -m xlt.merge --config=configs/merge_files.py --config.method=ties \
     --config.inputs.base=B --config.inputs.experts=a,b --config.options.density=0.3 \
@@ -108,6 +108,9 @@ def parse_flags(argv: list[str]) -> list[str]:
       out.append(a)
   if any(a.startswith("--mergekit_yaml") for a in out) and not any(a.startswith("--config=") for a in out):
     out.insert(1, "--config=" + _DEFAULT_CONFIG)
+  if any(a in ("--help", "-h", "--helpshort", "-?") for a in out[1:]):
+    # the methods are what a user looks for first: before absl's list of flags
+    print(__doc__ + "\nMethods (--list_methods prints only these):\n\n" + registry.describe() + "\n")
   return flags.FLAGS(out)
 
 

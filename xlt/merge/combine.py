@@ -128,14 +128,14 @@ def task_arithmetic(base, experts, lambdas: float | Sequence[float] = 1.0, *, ma
 
 
 def ties(base, experts, *, density: float = 0.2, lambdas: float | Sequence[float] = 1.0, masks=None,
-         convention: str = "xlt", naming: Naming = XLT):
+         convention: str = "mergekit", naming: Naming = XLT):
   """TIES-merging (Yadav et al. 2023): task arithmetic with interference resolved.
 
   Per tensor:
     1. trim: each expert keeps the `density` fraction of its delta entries largest in
        magnitude and zeroes the rest (per tensor, as mergekit does; the paper ranks a
-       whole model's task vector at once). k = round(density * size), at least one
-       entry; entries tied with the k-th largest are all kept.
+       whole model's task vector at once). k = int(density * size), at least one entry;
+       entries tied with the k-th largest are all kept.
     2. elect: each entry's sign is the sign of the sum of the (lambda-scaled) trimmed
        deltas: the direction with more total mass wins.
     3. disjoint mean: the mean of the nonzero trimmed deltas that agree with the elected
@@ -143,16 +143,16 @@ def ties(base, experts, *, density: float = 0.2, lambdas: float | Sequence[float
        stays at the base.
   The result is base + the disjoint mean.
 
-  Against mergekit's `ties` (0.1.5; weight = lambdas, normalize: true, lambda: 1), the
-  default convention="xlt" differs in three ways, kept because the merge testbed's
-  recorded results were made with them: (a) k = round(density * size) where mergekit
-  floors, int(density * size) (at least 1); (b) an exact 0 sum elects no sign (entry
-  stays at the base) where mergekit elects +; (c) the mean divides by the count of
-  agreeing experts (so lambdas scale the result: all lambdas 0.5 give half the TIES
-  delta), where mergekit divides by the sum of their weights (so equal weights cancel).
-  Ties at the k-th magnitude are kept in both conventions (mergekit keeps exactly k,
-  whichever its sort puts first). convention="mergekit" does (a)-(c) as mergekit does;
-  on tensors without such ties it gives mergekit's result to float rounding.
+  The default convention="mergekit" is mergekit's `ties` (0.1.5; weight = lambdas,
+  normalize: true, lambda: 1): on tensors without ties at the k-th magnitude it gives
+  mergekit's result to float rounding. convention="xlt" is the rule the merge testbed's
+  recorded results were made with, which differs in three ways: (a) k = round(density *
+  size) where mergekit floors; (b) an exact 0 sum elects no sign (the entry stays at the
+  base) where mergekit elects +; (c) the mean divides by the count of agreeing experts
+  (so lambdas scale the result: all lambdas 0.5 give half the TIES delta) where mergekit
+  divides by the sum of their weights (so equal weights cancel). Ties at the k-th
+  magnitude are kept in both conventions (mergekit keeps exactly k, whichever its sort
+  puts first).
 
   density: in (0, 1], the fraction of each delta kept (mergekit's `density`). The paper
     keeps the top 20% (its default, 0.2); 1.0 skips the trim.
@@ -160,8 +160,8 @@ def ties(base, experts, *, density: float = 0.2, lambdas: float | Sequence[float
     validation data to tune it on), or one scale per expert, applied to its trimmed
     delta before the election (mergekit's per-model `weight`).
   masks: neuron masks restricting each delta before the trim (as in `task_arithmetic`).
-  convention: "xlt" (default: round, no sign on a tie, divide by the count) or
-    "mergekit" (floor, + on a tie, divide by the sum of agreeing lambdas); see above.
+  convention: "mergekit" (default: floor, + on a tie, divide by the sum of agreeing
+    lambdas) or "xlt" (round, no sign on a tie, divide by the count); see above.
   naming: how rows are laid out, for row masks.
   """
   experts = core.expert_list(experts)
