@@ -31,6 +31,7 @@ import numpy as np
 from xlt import model
 from xlt import paths
 from xlt import sharding
+from xlt.merge import files
 from xlt.merge import hf as hf_dir
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gpt2")
@@ -272,11 +273,19 @@ def _hf_shape(m: _Map, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _to_xlt(m: _Map, arrays: list, shape: tuple[int, ...]) -> np.ndarray:
+  """The xlt leaf from its Hugging Face tensors, in an aligned buffer (files.aligned_empty):
+  a tensor that needs no transpose is the buffer it was read into, one that does is copied
+  once into another, so a leaf never has more than two host copies at a time."""
   if m.stack is not None:
     one = shape[:m.stack] + shape[m.stack + 1:]
-    return np.stack([_to_xlt(dataclasses.replace(m, stack=None), [a], one) for a in arrays], axis=m.stack)
+    parts = [_to_xlt(dataclasses.replace(m, stack=None), [a], one) for a in arrays]
+    return np.stack(parts, axis=m.stack, out=files.aligned_empty(shape, parts[0].dtype))
   a = np.asarray(arrays[0])
-  return (a.T if m.layout == "linear" and m.num_in else a).reshape(shape)
+  if not (m.layout == "linear" and m.num_in):
+    return a.reshape(shape)
+  out = files.aligned_empty(a.shape[::-1], a.dtype)
+  np.copyto(out, a.T)
+  return out.reshape(shape)
 
 
 def _to_hf(m: _Map, x: np.ndarray) -> list[np.ndarray]:
@@ -360,8 +369,11 @@ def load(path: str, *, mesh=None, rules=None, dtype: str | None = None):
       if tuple(a.shape) != want:
         raise ValueError(f"tensor {n}: expected shape {list(want)} (for xlt's {paths.path_str(leaf)} "
                          f"{list(shapes[leaf])}), found {list(a.shape)}")
-    x = _to_xlt(m, arrays, shapes[leaf]).astype(jnp.dtype(cfg.param_dtype))
-    out[leaf] = jax.device_put(x, flat_shardings[leaf]) if mesh is not None else jnp.asarray(x)
+    x = _to_xlt(m, arrays, shapes[leaf])  # the lazy tensors' bytes are read here
+    x = x.astype(jnp.dtype(cfg.param_dtype), copy=False)
+    # device_put, not jnp.asarray: on a CPU it can take the aligned buffer without a copy
+    out[leaf] = jax.device_put(x, flat_shardings[leaf] if mesh is not None else None)
+    del x
   return cfg, _nest(out)
 
 
