@@ -179,3 +179,42 @@ def test_testbed_lora_compositions_take_the_right_adapters():
     want = lora.merge_into(params, adapters[f"partial LoRA {src} expert [C]"])[block]
     for x, y in zip(jax.tree.leaves(both[block]), jax.tree.leaves(want)):
       np.testing.assert_allclose(x, np.asarray(y), atol=1e-6)
+
+
+def test_pretrained_projections_get_adapters():
+  """A Llama's separate q / k / v (grouped key/value heads) and SwiGLU gate / up get adapters
+  beside o_proj and down_proj; the adapter forward (with the KV cache too) equals the merged
+  model's, and training moves the adapters only."""
+  import os
+
+  from xlt import pretrained
+
+  cfg, params = pretrained.load(os.path.join(os.path.dirname(__file__), "fixtures", "hf", "llama"))
+  adapters = lora.init(params, jax.random.key(1), rank=2, alpha=4.0)
+  d, h, g, k, f = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_width, cfg.mlp_width
+  shapes = {f"{kind}/{name}": (v["kernel"]["a"].shape, v["kernel"]["b"].shape)
+            for kind in ("attn", "mlp") for name, v in adapters["block_1"][kind].items()}
+  assert shapes == {"attn/q": ((2, d), (h * k, 2)), "attn/k": ((2, d), (g * k, 2)), "attn/v": ((2, d), (g * k, 2)),
+                    "attn/proj": ((2, h * k), (d, 2)), "mlp/gate": ((2, d), (f, 2)), "mlp/up": ((2, d), (f, 2)),
+                    "mlp/proj": ((2, f), (d, 2))}  # [r, in], [out, r]
+  tokens = jnp.asarray([[1, 5, 9, 7, 30, 2]], jnp.int32)
+  want, _ = model.apply(cfg, params, tokens)
+  got, _ = lora.apply(cfg, {"base": params, "lora": adapters}, tokens)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # b = 0: the base exactly
+  adapters = with_random_b(adapters)
+  merged, _ = model.apply(cfg, lora.merge_into(params, adapters), tokens)
+  forward, _ = lora.apply(cfg, {"base": params, "lora": adapters}, tokens)
+  assert not np.allclose(np.asarray(forward), np.asarray(want), atol=1e-3)
+  np.testing.assert_allclose(np.asarray(merged), np.asarray(forward), atol=2e-5, rtol=1e-5)
+  dec, _ = lora.apply(cfg, {"base": params, "lora": adapters}, tokens, model.init_cache(cfg, 1, 8), 0)
+  np.testing.assert_allclose(np.asarray(dec), np.asarray(forward), atol=2e-5)
+  composite = {"base": params, "lora": adapters}
+  tx = train.make_optimizer(opt_config())
+  state = jax.tree.map(lambda x: x[0], train.init_state(cfg, tx, [0], jax.tree.map(lambda x: x[None], composite)))
+  batch = {"tokens": tokens, "loss_mask": jnp.ones((1, 5), jnp.float32)}
+  new, _ = jax.jit(lambda s, b: train.train_step(s, b, cfg=cfg, tx=tx))(state, batch)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new["params"]["base"])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for name in ("q", "k", "v"):
+    moved = new["params"]["lora"]["block_0"]["attn"][name]["kernel"]["b"]
+    assert not np.array_equal(np.asarray(moved), np.asarray(adapters["block_0"]["attn"][name]["kernel"]["b"]))

@@ -1,12 +1,16 @@
 """Rank-stabilised LoRA (Kalajdzievski 2023: scale alpha / sqrt(r)) on the attention and MLP
-projections of xlt's GPT, placed by the same partition declarations as freezing.
+projections of xlt's decoder, placed by the same partition declarations as freezing. Every
+kernel of a block's attn and mlp is a projection: GPT-2's fused attn/qkv and mlp/fc, and the
+pretrained families' (xlt.pretrained) separate attn/{q, k, v} and mlp/{gate, up}, with
+attn/proj and mlp/proj in both; norms (q_norm, k_norm included) have no kernel.
 
 Adapters are their own pytree, keyed like the kernels they adapt, plus their scale:
 
   {"scale": s, "block_0": {"attn": {"qkv": {"kernel": {"a": [r, in], "b": [out, r]}}, ...}, ...}}
 
 `in` / `out` flatten the kernel's input / output axes (xlt.paths's rows = output
-units), so a [D, 3, H, K] qkv kernel has in = D, out = 3HK. The adapted kernel is
+units), so a [D, 3, H, K] qkv kernel has in = D, out = 3HK, a [D, G, K] k kernel in = D,
+out = GK, and attn/proj's [H, K, D] in = HK. The adapted kernel is
 W + s * (b @ a) in the [out, in] view (`merge_into`), and the adapter forward adds
 s * (x @ a^T) @ b^T beside the frozen base projection without forming that sum (`apply`).
 b starts at zero, so a fresh adapter changes nothing. The scale is a leaf so an adapter
@@ -34,7 +38,7 @@ from xlt import model as model_lib
 from xlt.merge import files
 from xlt.paths import XLT, path_names, path_str
 
-KINDS = ("attn", "mlp")  # the projections LoRA adapts: attn/{qkv, proj}, mlp/{fc, proj}
+KINDS = ("attn", "mlp")  # every kernel of these: attn/{qkv | q, k, v; proj}, mlp/{fc | gate, up; proj}
 
 
 def scale(rank: int, alpha: float) -> float:

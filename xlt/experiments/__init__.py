@@ -5,6 +5,8 @@
   text         text: language modelling with a high- and a low-resource language (Table 4)
   testbed      arithmetic: the merge testbed, base -> experts -> merges -> scores
                (its LoRA and trained-neuron stages in testbed_peft)
+  finetune     finetune: a pretrained Hugging Face model -> task and language experts ->
+               partition recipes, LoRA, merges -> Hugging Face directories, scores
   common       what a kind hands the runner (Stage) and gets back (Trained)
 """
 
@@ -12,9 +14,9 @@ from __future__ import annotations
 
 import types
 
-from xlt.experiments import synthetic, testbed, text
+from xlt.experiments import finetune, synthetic, testbed, text
 
-KINDS = {"graph": synthetic, "addition": synthetic, "text": text, "arithmetic": testbed}
+KINDS = {"graph": synthetic, "addition": synthetic, "text": text, "arithmetic": testbed, "finetune": finetune}
 
 
 def kind(task: str) -> types.ModuleType:

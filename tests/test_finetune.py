@@ -1,0 +1,188 @@
+"""xlt's recipes on a pretrained model (xlt.experiments.finetune) end to end, with no download:
+the tiny Llama fixture as the base, two small jsonl datasets in its vocabulary, a few steps."""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from configs import finetune as finetune_config
+from xlt import model, partition, pretrained, runner
+from xlt.experiments import finetune
+from xlt.paths import path_names
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "llama")
+
+
+def _write_jsonl(path, records):
+  with open(path, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  return str(path)
+
+
+def _data(tmp_path):
+  """task: prompt/completion "w4 wI" -> "wI+1"; language: chat turns "w5 wI" -> "wI wI"
+  (the fixture's tokenizer knows w0 .. w59 and has a chat template)."""
+  task = [{"prompt": f"w4 w{i}", "completion": f"w{i + 1}"} for i in range(6, 46)]
+  lang = [{"messages": [{"role": "user", "content": f"w5 w{i}"}, {"role": "assistant", "content": f"w{i} w{i}"}]}
+          for i in range(6, 46)]
+  prompts = [{"prompt": f"w4 w{i}", "answer": f"w{i + 1}"} for i in range(6, 10)]
+  return (_write_jsonl(tmp_path / "task.jsonl", task), _write_jsonl(tmp_path / "language.jsonl", lang),
+          _write_jsonl(tmp_path / "prompts.jsonl", prompts))
+
+
+def _config(tmp_path):
+  base = tmp_path / "base"
+  shutil.copytree(FIXTURE, base)
+  c = finetune_config.get_config()
+  c.base = str(base)
+  c.data.task, c.data.language, prompts = _data(tmp_path)
+  c.data.block_size, c.data.val_fraction = 24, 0.2
+  c.train.steps, c.train.eval_every, c.train.batch_size, c.train.checkpoint_every = 4, 2, 4, 2
+  c.opt.peak_lr, c.opt.warmup_steps = 1e-2, 1
+  c.together = True  # one compiled step for the four recipes
+  c.partition.presets, c.partition.bottom, c.partition.top = ("C",), 1, 0  # block_0 language, block_1 task
+  c.merges = ("layer_swap bottom=1 top=0",)
+  c.eval.prompts, c.eval.max_new, c.eval.batch_size = (prompts,), 2, 8
+  c.lora.enabled, c.lora.rank = True, 2
+  c.lora.train.steps, c.lora.train.eval_every, c.lora.train.batch_size, c.lora.train.checkpoint_every = 4, 2, 4, 2
+  c.lora.opt.peak_lr, c.lora.opt.warmup_steps = 1e-2, 1
+  c.mesh.devices = 1
+  return c
+
+
+@pytest.fixture
+def tiny(tmp_path):
+  return _config(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+  """One run shared by the tests that read its workdir: (config, workdir, rows, its stdout)."""
+  tmp_path = tmp_path_factory.mktemp("finetune")
+  c, workdir, out = _config(tmp_path), str(tmp_path / "run"), io.StringIO()
+  with contextlib.redirect_stdout(out):
+    rows = runner.run(c, workdir, progress=False)
+  return c, workdir, rows, out.getvalue()
+
+
+def _leaves(tree):
+  return {path_names(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+NAMES = ["task expert", "language expert", "partial task expert [C]", "partial language expert [C]",
+         "LoRA task expert", "LoRA language expert", "freeze-then-train [C]", "train-then-revert [C]", "layer_swap bottom=1 top=0"]
+
+
+def test_finetune_end_to_end(finished, capsys):
+  c, workdir, rows, stdout = finished
+  assert {r["condition"] for r in rows} == {"base", *NAMES}
+  assert {(r["metric"], r["role"]) for r in rows} == {("val_loss", "task"), ("val_loss", "language"),
+                                                      ("exact_match", "prompts")}
+  for name in NAMES:
+    d = os.path.join(workdir, "models", finetune.slug(name))
+    assert os.path.isfile(os.path.join(d, "config.json")) and os.path.isfile(os.path.join(d, "tokenizer.json")), d
+  for f in ("table.md", "summary.json", "results.json"):
+    assert os.path.isfile(os.path.join(workdir, f))
+  assert "opt_state" in stdout  # the memory estimate is printed before training
+
+  # the saved experts are the trained ones, bit for bit: their best-validation parameters
+  _, base = pretrained.load(c.base)
+  with np.load(os.path.join(workdir, "finetune", "best_params.npz")) as f:
+    best = [f[f"leaf_{k}"] for k in range(len(f.files) - 1)]
+  trained = [jax.tree.unflatten(jax.tree.structure(base), [x[m] for x in best]) for m in range(4)]
+  load = lambda name: pretrained.load(os.path.join(workdir, "models", finetune.slug(name)))[1]
+  for m, name in enumerate(NAMES[:4]):
+    got, want = _leaves(load(name)), _leaves(trained[m])
+    assert all(np.array_equal(got[p], want[p]) for p in want), name
+
+  # the experts moved; the partial task expert moved only its task label (block_1)
+  b = _leaves(base)
+  labels = _leaves(partition.labels(base, partition.preset_rules("C", 2, 1, 0)))
+  for name in NAMES[:2]:
+    assert any(not np.array_equal(x, b[p]) for p, x in _leaves(load(name)).items()), name
+  partial = _leaves(load("partial task expert [C]"))
+  assert all(np.array_equal(partial[p], b[p]) for p in b if labels[p] == "language")
+  assert any(not np.array_equal(partial[p], b[p]) for p in b if labels[p] == "task")
+
+  # a LoRA expert changed the projections' kernels only (its adapters merged in)
+  lora_expert = _leaves(load("LoRA task expert"))
+  moved = {p for p in b if not np.array_equal(lora_expert[p], b[p])}
+  assert moved and all(p[-1] == "kernel" and p[1] in ("attn", "mlp") for p in moved), moved
+
+  # the same command again reuses the finished workdir
+  again = runner.run(c, workdir, progress=False)
+  assert again == rows and "finished earlier" in capsys.readouterr().out
+
+
+def test_merged_model_loads_in_transformers(finished):
+  """Live: transformers reads the merged model xlt wrote and computes xlt's logits."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  path = os.path.join(finished[1], "models", finetune.slug("layer_swap bottom=1 top=0"))
+  cfg, params = pretrained.load(path)
+  ids = np.asarray([[1, 8, 9, 10, 11, 12]], np.int32)
+  hf_model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+  with torch.no_grad():
+    want = hf_model(torch.from_numpy(ids.astype(np.int64))).logits.numpy()
+  logits, _ = model.apply(cfg, params, ids)
+  assert np.abs(np.asarray(logits) - want).max() <= 1e-4
+
+
+def test_over_the_device_budget_fails_before_training(tiny, tmp_path):
+  tiny.lora.enabled = False
+  tiny.device_memory_gb = 1e-4  # ~100 KiB: under the four models' ~4 MiB
+  with pytest.raises(ValueError, match="per device"):
+    runner.run(tiny, str(tmp_path / "run"), progress=False)
+  assert not os.path.exists(tmp_path / "run" / "finetune")
+
+
+def test_config_errors_fail_before_training(tiny):
+  tiny.simultaneous.presets = ("A",)
+  with pytest.raises(ValueError, match="simultaneous.presets"):
+    finetune.check(tiny, 2)
+  tiny.simultaneous.presets = ()
+  tiny.merges = ("layer_swap bottom=3 top=0",)
+  with pytest.raises(ValueError):
+    finetune.check(tiny, 2)
+  tiny.merges = ("maet",)
+  with pytest.raises(ValueError, match="no input"):
+    finetune.check(tiny, 2)
+  tiny.merges = ()
+  tiny.data.val_fraction = 0.0
+  with pytest.raises(ValueError, match="val_fraction"):
+    finetune.check(tiny, 2)
+
+
+def test_preset_ends_scale_to_the_depth(tiny):
+  tiny.partition.bottom = tiny.partition.top = -1
+  assert finetune.ends(tiny, 32) == (6, 2)
+  assert finetune.ends(tiny, 16) == (3, 1)
+  assert finetune.ends(tiny, 2) == (0, 0)  # the task label keeps a block
+
+
+def test_declared_rules_and_the_recipes_they_add(tiny):
+  """A declared rule set is a partition like a preset: its partial experts, compositions and
+  (when named) its simultaneous recipe."""
+  tiny.partition.presets = ()
+  tiny.partition.rules = {"attn_language": (
+      {"label": "language", "kinds": ("embedding", "head", "attn")},
+      {"label": "language", "kinds": ("norm",), "names": ("ln_1",)},
+      {"label": "task", "blocks": "all", "kinds": "all"})}
+  tiny.simultaneous.presets, tiny.simultaneous.steps_per_switch = ("attn_language",), (2,)
+  tiny.lora.enabled = False
+  assert [r.name for r in finetune.plan(tiny)] == [
+      "task expert", "language expert", "partial task expert [attn_language]",
+      "partial language expert [attn_language]", "simultaneous [attn_language] k=2"]
+  _, base = pretrained.load(tiny.base)
+  labels = finetune.label_trees(tiny, base)["attn_language"]
+  assert labels["block_1"]["attn"]["q"]["kernel"] == "language" and labels["block_1"]["mlp"]["up"]["kernel"] == "task"
+  tiny.partition.rules = {"all_task": ({"label": "task", "kinds": ("embedding", "head")},)}
+  tiny.partition.rest = "task"
+  with pytest.raises(ValueError, match="needs both labels"):
+    finetune.label_trees(tiny, base)

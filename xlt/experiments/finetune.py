@@ -1,0 +1,389 @@
+"""xlt's recipes on a pretrained Hugging Face model: a task expert and a language expert
+fine-tuned from one base (`c.base`, any directory xlt.pretrained loads) on the user's jsonl
+files (xlt.data.sft), then composed and merged as the papers do (configs/finetune.py).
+
+  1. prepare   load the base and its tokenizer, encode `c.data.task` and `c.data.language`
+               (each with a validation split), label the partitions, print the memory
+               estimate of one trained model (and fail early over `c.device_memory_gb`);
+  2. stages    the trained recipes (`plan`): the full task and language experts, the partial
+               experts of each partition (the other label frozen), simultaneous alternation
+               between the two datasets (the resting label frozen). All of them in one
+               ensemble under one gated optimizer (`c.together`, as the testbed does) or one
+               stage each; then the LoRA experts (`c.lora`). Every member stops early on its
+               validation loss and keeps its best parameters;
+  3. outputs   what is built without training: freeze-then-train and train-then-revert per
+               partition, and each merge of `c.merges` ("method option=value ...", any method
+               of xlt.merge.registry over the experts and the base); every model written as a
+               Hugging Face directory (workdir/models/<name>) and scored: its validation loss
+               on each dataset and, with `c.eval.prompts`, greedy exact match.
+
+As a kind of xlt.runner, a killed run started again with the same command resumes, and a
+finished workdir is reused.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from xlt import hf_tokenizer, lm, lora, memory, merge, partition, pretrained, sharding
+from xlt import ensemble as ensemble_lib
+from xlt import generate as generate_lib
+from xlt import loop as loop_lib
+from xlt import model as model_lib
+from xlt import results as results_lib
+from xlt import train as train_lib
+from xlt.data import sft
+from xlt.experiments import common as kind_lib
+
+ALL = None  # a phase that trains every parameter
+DATASETS = ("task", "language")
+# the merge registry's inputs the experiment has: the two full experts and the base
+MERGE_INPUTS = ("task_expert", "language_expert", "experts", "base")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """A trained recipe: per phase a dataset and what it trains (ALL, or a (partition, label)
+  pair); phases take turns `steps_per_phase` steps each. It stops early on the mean validation
+  loss over `val`. `lora` trains adapters on every projection instead of the weights."""
+
+  name: str
+  phases: tuple[tuple[str, tuple[str, str] | None], ...]
+  val: tuple[str, ...]
+  steps_per_phase: int = 1
+  lora: bool = False
+
+
+def partitions(c) -> list[str]:
+  """The partition names of the config: its presets (A, C, A_inv, C_inv, scaled to the
+  model's depth) and its declared rule sets (`c.partition.rules`, by name)."""
+  return list(c.partition.presets) + [n for n in c.partition.rules if n not in c.partition.presets]
+
+
+def plan(c) -> list[Recipe]:
+  """The trained recipes: the two full experts, the partial experts of each partition, the
+  simultaneous alternations (per partition and switch interval), the LoRA experts."""
+  out = [Recipe("task expert", (("task", ALL),), ("task",)),
+         Recipe("language expert", (("language", ALL),), ("language",))]
+  for p in partitions(c):
+    out += [Recipe(f"partial task expert [{p}]", (("task", (p, "task")),), ("task",)),
+            Recipe(f"partial language expert [{p}]", (("language", (p, "language")),), ("language",))]
+  for p in c.simultaneous.presets:
+    for k in c.simultaneous.steps_per_switch:
+      out.append(Recipe(f"simultaneous [{p}] k={k}", (("task", (p, "task")), ("language", (p, "language"))),
+                        DATASETS, int(k)))
+  if c.lora.enabled:
+    out += [Recipe("LoRA task expert", (("task", ALL),), ("task",), lora=True),
+            Recipe("LoRA language expert", (("language", ALL),), ("language",), lora=True)]
+  return out
+
+
+def merges(c) -> list[tuple[str, str, dict]]:
+  """(label, registry method, options) of each `c.merges` entry "method option=value ..."
+  (values as Python literals), e.g. "layer_swap bottom=1 top=1", "ties density=0.5"."""
+  out = []
+  for spec in c.merges:
+    method, *pairs = str(spec).split()
+    try:
+      options = {k: ast.literal_eval(v) for k, v in (pair.split("=", 1) for pair in pairs)}
+    except (ValueError, SyntaxError):
+      raise ValueError(f"merges entry {spec!r} is not 'method option=value ...' (values as Python "
+                       "literals)") from None
+    out.append((str(spec), method, options))
+  return out
+
+
+def ends(c, num_layers: int) -> tuple[int, int]:
+  """The presets' (bottom, top) blocks: `c.partition.bottom` / `top`, where -1 scales the
+  paper's [C] (bottom 6 and top 2 of 32 blocks) to the model's depth, rounded, leaving the
+  task label at least one block."""
+  bottom, top = c.partition.bottom, c.partition.top
+  if bottom == -1:
+    bottom = min(round(6 * num_layers / 32), num_layers - 1)
+  if top == -1:
+    top = min(round(2 * num_layers / 32), num_layers - 1 - bottom)
+  return int(bottom), int(top)
+
+
+def label_trees(c, params) -> dict:
+  """{partition name: label tree over `params`}: every leaf "task" or "language"."""
+  p, out = c.partition, {}
+  for name in partitions(c):
+    if name in p.rules:
+      out[name] = partition.labels(params, [dict(r) for r in p.rules[name]], rest=p.get("rest") or None)
+    else:
+      layers = partition.num_layers_of(params)
+      out[name] = partition.labels(params, partition.preset_rules(name, layers, *ends(c, layers), p.embeddings,
+                                                                  p.head))
+    found = set(jax.tree.leaves(out[name]))
+    if found != set(DATASETS):
+      raise ValueError(f"partition {name!r} labels its parameters {sorted(found)}: each recipe needs both "
+                       f"labels {list(DATASETS)}")
+  return out
+
+
+def check(c, num_layers: int):
+  """Fails on a config that could not finish, before anything trains."""
+  for name in ("task", "language"):
+    if not c.data[name] or not os.path.isfile(c.data[name]):
+      raise ValueError(f"data.{name} must be a jsonl file, got {c.data[name]!r}")
+  if not 0 < c.data.val_fraction < 1:
+    raise ValueError(f"data.val_fraction must be in (0, 1) (early stopping needs a validation split), got "
+                     f"{c.data.val_fraction}")
+  if unknown := [p for p in c.simultaneous.presets if p not in partitions(c)]:
+    raise ValueError(f"simultaneous.presets {unknown} are not partitions of the config ({partitions(c)})")
+  if not c.simultaneous.steps_per_switch or min(c.simultaneous.steps_per_switch) < 1:
+    raise ValueError(f"simultaneous.steps_per_switch must be positive, got {c.simultaneous.steps_per_switch}")
+  for label, method, options in merges(c):
+    m = merge.registry.get(method)
+    if missing := [r.name for r in m.roles if r.name not in MERGE_INPUTS]:
+      raise ValueError(f"merge {label!r}: no input for {method}'s {', '.join(missing)} (the experiment has "
+                       f"{', '.join(MERGE_INPUTS)})")
+    merge.registry.check(method, {r.name: [None] if r.many else None for r in m.roles}, options)
+    if method == "layer_swap":
+      merge.swap_plan(num_layers, options["bottom"], options["top"], options.get("lower_transition", 0),
+                      options.get("upper_transition", 0))
+
+
+def slug(name: str) -> str:
+  """A model's folder name: "partial task expert [C]" -> "partial_task_expert_C"."""
+  return re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("_")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prep:
+  """What `prepare` built: the base (config, host params, tokenizer), the datasets
+  (sft.Data by name), the recipes, the partitions' label trees and cells, the memory
+  estimate."""
+
+  cfg: model_lib.Config
+  base: dict
+  tok: object
+  data: dict
+  recipes: list[Recipe]
+  labels: dict
+  cell_tree: object
+  cells: tuple[str, ...]
+  estimate: dict
+
+
+def prepare(c, workdir: str) -> Prep:
+  """Loads the base and the data, checks the config, estimates the memory."""
+  del workdir
+  cfg, params = pretrained.load(c.base, dtype=c.dtype or None)
+  base = jax.tree.map(np.asarray, params)
+  check(c, cfg.num_layers)
+  if c.data.block_size > cfg.block_size:
+    raise ValueError(f"data.block_size={c.data.block_size} is over the model's context {cfg.block_size}")
+  tok = hf_tokenizer.load(c.base)
+  data = {}
+  for name in DATASETS:
+    data[name] = sft.load(c.data[name], tok, block_size=c.data.block_size, val_fraction=c.data.val_fraction,
+                          seed=c.data.seed, packing=c.data.packing)
+    if data[name].val is None:
+      raise ValueError(f"data.{name}: val_fraction={c.data.val_fraction} leaves no validation example")
+    print(f"finetune: data.{name} {data[name].counts}", flush=True)
+  labels = label_trees(c, base)
+  if labels:
+    cell_tree, cells = partition.refine([labels[p] for p in partitions(c)])
+  else:  # no partition: one cell, every recipe trains all of it
+    cell_tree, cells = jax.tree.map(lambda _: "all", base), ("all",)
+  recipes = plan(c)
+  return Prep(cfg, base, tok, data, recipes, labels, cell_tree, cells, _memory(c, cfg, base, recipes))
+
+
+def _memory(c, cfg, base, recipes) -> dict:
+  """Prints the estimated memory of one fully trained model; with `c.device_memory_gb`, fails
+  when the models trained together would not fit (each gets its share of the device)."""
+  mesh = sharding.make_mesh(c.mesh)
+  est = memory.estimate(cfg, base, train_lib.make_optimizer(c.opt), mesh, batch=c.train.batch_size,
+                        seq=c.data.block_size, grad_accum=c.train.grad_accum)
+  together = len([r for r in recipes if not r.lora]) if c.together else 1
+  print(f"finetune: estimated memory of one fully trained model"
+        f"{f' (x {together}: they train together)' if together > 1 else ''}\n{memory.format(est)}", flush=True)
+  if c.device_memory_gb:
+    memory.check_fits(est, int(c.device_memory_gb * (1 << 30)) // together)
+  return est
+
+
+# --------------------------------------------------------------------------- stages
+
+
+def _loop_config(c, train, opt) -> ml_collections.ConfigDict:
+  s = ml_collections.ConfigDict({"train": train.to_dict(), "opt": opt.to_dict(), "mesh": c.mesh.to_dict()})
+  if c.get("sharding_rules"):
+    s.sharding_rules = c.sharding_rules
+  return s
+
+
+def _stack(trees):
+  return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
+
+
+def _member(stacked, i):
+  return jax.tree.map(np.asarray, ensemble_lib.take(stacked, i))
+
+
+def val_score(c, prep: Prep, member_sets: list[tuple[str, ...]], plain=None) -> kind_lib.ValScore:
+  """Early stopping: minus a member's mean validation loss over its datasets (`member_sets`,
+  by member). `plain` turns a stage's params into plain model parameters first (LoRA)."""
+  def score(params, ids):
+    if plain is not None:
+      params = plain(params)
+    loss = np.zeros(len(ids))
+    for name in DATASETS:
+      ks = [k for k, i in enumerate(ids) if name in member_sets[i]]
+      if not ks:
+        continue
+      v = prep.data[name].val
+      r = lm.perplexity(prep.cfg, params, v["tokens"], v["loss_mask"], c.eval.batch_size, ensemble=True, members=ks)
+      for k, nll, n in zip(ks, r["nll_sum"], r["tokens"]):
+        loss[k] += nll / n / len(member_sets[ids[k]])
+    return list(-loss)
+  return score
+
+
+def _flags(prep: Prep, c, what) -> tuple[bool, ...]:
+  if what is ALL:
+    return (True,) * len(prep.cells)
+  return tuple(bool(f) for f in partition.cells_of(partitions(c).index(what[0]), what[1], prep.cells))
+
+
+def stages(c, prep: Prep, trained: dict):
+  """The weight recipes in one ensemble (`c.together`) or one stage each, then the LoRA
+  recipes in one ensemble."""
+  del trained
+  weights = [r for r in prep.recipes if not r.lora]
+  for group in ([weights] if c.together else [[r] for r in weights]):
+    yield _weights_stage(c, prep, group, "finetune" if c.together else f"finetune_{slug(group[0].name)}")
+  if lora_recipes := [r for r in prep.recipes if r.lora]:
+    yield _lora_stage(c, prep, lora_recipes)
+
+
+def _weights_stage(c, prep: Prep, recipes: list[Recipe], name: str) -> kind_lib.Stage:
+  """Recipes fine-tuning the weights from the base, under one gated optimizer: a member's
+  recipe (which partition cells each phase trains) is data."""
+  members = [loop_lib.Member(r.name, c.seed + 1000 + i, tuple(prep.data[d].train for d, _ in r.phases),
+                             tuple(_flags(prep, c, w) for _, w in r.phases), r.steps_per_phase)
+             for i, r in enumerate(recipes)]
+  print(f"finetune: stage {name}: {', '.join(r.name for r in recipes)}; partition cells {list(prep.cells)}",
+        flush=True)
+  return kind_lib.Stage(name, prep.cfg, members, val_score(c, prep, [r.val for r in recipes]),
+                        config=_loop_config(c, c.train, c.opt), init_params=_stack([prep.base] * len(recipes)),
+                        tx=partition.gated_optimizer(c.opt, prep.cell_tree, prep.cells),
+                        info={"recipes": [r.name for r in recipes]})
+
+
+def _plain(stacked):
+  """Stacked LoRA composites as stacked plain parameters (the adapters merged in)."""
+  return jax.jit(jax.vmap(lora.merged))(stacked)
+
+
+def _lora_stage(c, prep: Prep, recipes: list[Recipe]) -> kind_lib.Stage:
+  """LoRA experts: adapters on every attention and MLP projection, the base frozen."""
+  members, init = [], []
+  for i, r in enumerate(recipes):
+    members.append(loop_lib.Member(r.name, c.seed + 2000 + i, tuple(prep.data[d].train for d, _ in r.phases)))
+    init.append({"base": prep.base, "lora": lora.init(prep.base, jax.random.key(c.seed + 3000 + i),
+                                                      rank=c.lora.rank, alpha=c.lora.alpha)})
+  print(f"finetune: stage lora: {', '.join(r.name for r in recipes)}, rank {c.lora.rank}, "
+        f"{lora.num_params(init[0]['lora']):,} adapter parameters per model", flush=True)
+  return kind_lib.Stage("lora", prep.cfg, members, val_score(c, prep, [r.val for r in recipes], plain=_plain),
+                        config=_loop_config(c, c.lora.train, c.lora.opt), init_params=_stack(init),
+                        info={"recipes": [r.name for r in recipes], "lora": True})
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def models(c, prep: Prep, trained: dict) -> dict:
+  """Every model by name (table order): the trained recipes (LoRA merged into the base), the
+  compositions of each partition and the merges."""
+  out = {}
+  for t in trained.values():
+    for k, name in enumerate(t.stage.info["recipes"]):
+      one = _member(t.params, k)
+      out[name] = jax.tree.map(np.asarray, lora.merged(one)) if t.stage.info.get("lora") else one
+  task, lang = out["task expert"], out["language expert"]
+  for p in partitions(c):
+    # each partial expert changed only its own label, so taking each label from its expert
+    # composes them exactly
+    out[f"freeze-then-train [{p}]"] = partition.combine(
+        {"task": out[f"partial task expert [{p}]"], "language": out[f"partial language expert [{p}]"]},
+        prep.labels[p])
+    out[f"train-then-revert [{p}]"] = partition.combine({"task": task, "language": lang}, prep.labels[p])
+  inputs = {"task_expert": task, "language_expert": lang, "experts": [task, lang], "base": prep.base}
+  for label, method, options in merges(c):
+    roles = [r.name for r in merge.registry.get(method).roles]
+    out[label] = jax.tree.map(np.asarray, merge.registry.merge(method, {r: inputs[r] for r in roles}, options))
+  return out
+
+
+def _val_losses(c, prep: Prep, params) -> dict:
+  """{dataset: mean validation loss per scored token} of one model."""
+  out = {}
+  for name in DATASETS:
+    v = prep.data[name].val
+    r = lm.perplexity(prep.cfg, params, v["tokens"], v["loss_mask"], c.eval.batch_size, ensemble=False)
+    out[name] = r["nll_sum"] / r["tokens"]
+  return out
+
+
+def _exact_match(c, prep: Prep, params) -> dict:
+  """{prompt set: share of prompts whose greedy continuation is the answer} (`c.eval.prompts`:
+  jsonl files of {"prompt" or "messages", "answer"}; leading/trailing spaces ignored)."""
+  out = {}
+  for path in c.eval.prompts:
+    records, prompts = generate_lib.read_prompts(path)
+    if missing := [i for i, r in enumerate(records) if "answer" not in r]:
+      raise ValueError(f"{path}: prompt {missing[0]} has no \"answer\"")
+    got = generate_lib.decode(prep.cfg, params, prep.tok, prompts, chat=c.eval.chat, max_new=c.eval.max_new,
+                              batch=c.eval.batch_size)
+    correct = [g["continuation"].strip() == str(r["answer"]).strip() for g, r in zip(got, records)]
+    out[os.path.splitext(os.path.basename(path))[0]] = float(np.mean(correct))
+  return out
+
+
+def outputs(c, prep: Prep, trained: dict, workdir: str):
+  """Writes every model but the base as a Hugging Face directory (workdir/models/<slug>) and
+  scores all of them: results rows, the table and the summary."""
+  built = {"base": prep.base, **models(c, prep, trained)}
+  dirs, scores = {}, {}
+  for name, params in built.items():
+    if name != "base":
+      dirs[name] = os.path.join("models", slug(name))
+      pretrained.save(prep.cfg, params, os.path.join(workdir, dirs[name]), source_dir=c.base,
+                      card={"method": "xlt.experiments.finetune", "model": name})
+    device = jax.tree.map(jnp.asarray, params)
+    scores[name] = {"val_loss": _val_losses(c, prep, device), "exact_match": _exact_match(c, prep, device)}
+  rows = []
+  for name, s in scores.items():
+    for metric, values in s.items():
+      for role, value in values.items():
+        rows.append(results_lib.make_row(experiment=c.name, task=c.task, language=role, role=role, condition=name,
+                                         metric=metric, values=[value], samples=None))
+  summary = {"base": c.base, "models": dirs, "data": {k: d.counts for k, d in prep.data.items()},
+             "memory_per_model": {k: prep.estimate[k] for k in (*memory.PARTS, "total")},
+             "partition_summary": {p: partition.summary(t, prep.base) for p, t in prep.labels.items()},
+             "best_steps": {n: s for t in trained.values()
+                            for n, s in zip(t.stage.info["recipes"], t.out["best_steps"])}}
+  return rows, _table(c, scores, dirs), summary
+
+
+def _table(c, scores: dict, dirs: dict) -> str:
+  sets = list(next(iter(scores.values()))["exact_match"])
+  head = ["model", "task val loss", "language val loss", *(f"{s} exact match" for s in sets), "directory"]
+  lines = [f"{c.name}: {c.base} fine-tuned; validation loss per token (lower is better)", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for name, s in scores.items():
+    cells = [f"{s['val_loss'][d]:.4f}" for d in DATASETS] + [f"{s['exact_match'][k]:.3f}" for k in sets]
+    lines.append(f"| {name} | " + " | ".join(cells) + f" | {dirs.get(name, c.base)} |")
+  return "\n".join(lines) + "\n"
