@@ -363,3 +363,65 @@ def test_bad_hf_style_options():
                        ({"rope_scaling": {"rope_type": "yarn"}}, "llama3")]:
     with pytest.raises(ValueError, match=text):
       model.Config(**(_HF_STYLE | change))
+
+
+# ---- left-padded batches (apply's valid_BxT; transformers' left padding: tests/test_pretrained.py)
+
+def _left_pad(rows, length, pad_id=0):
+  ids, valid = np.full((len(rows), length), pad_id, np.int32), np.zeros((len(rows), length), np.int32)
+  for i, row in enumerate(rows):
+    ids[i, length - len(row):], valid[i, length - len(row):] = row, 1
+  return ids, valid
+
+
+@pytest.mark.parametrize("options", [{}, _HF_STYLE])
+def test_left_padded_rows_equal_each_row_alone(options):
+  """Learned positions (GPT-2) and every HF option (rope, GQA, a sliding window of 3 that the
+  padding must not shift); no cache, a padded prefill, and decoding steps after it."""
+  cfg = model.Config(**({"vocab_size": 24, "block_size": 24, "num_layers": 2, "num_heads": 2, "d_model": 16}
+                        | options))
+  params = model.init_params(cfg, jax.random.key(1))
+  if options:  # Gemma's (1 + w) norms away from w = 0 (shifting GPT-2's LayerNorms ill-conditions them)
+    params = jax.tree.map(lambda x: x + 0.1, params)
+  toks = np.asarray(jax.random.randint(jax.random.key(2), (3, 12), 1, 24))
+  lens = np.array([9, 4, 7])
+  rows = [toks[r, :n] for r, n in enumerate(lens)]
+  ids, valid = _left_pad(rows, 9)
+  padded, _ = model.apply(cfg, params, ids, valid_BxT=valid)
+  cache = model.init_cache(cfg, 3, 12, padded=True)
+  prefill, cache = model.apply(cfg, params, ids, cache, 0, valid_BxT=valid)
+  steps = []
+  for i in range(3):  # the rows' next tokens, in the same slots 9, 10, 11
+    step, cache = model.apply(cfg, params, toks[np.arange(3), lens + i][:, None], cache, 9 + i)
+    steps.append(step)
+  for r, row in enumerate(rows):
+    n = len(row)
+    alone, _ = model.apply(cfg, params, toks[r:r + 1, :n + 3])
+    np.testing.assert_allclose(padded[r, 9 - n:], alone[0, :n], atol=1e-5)
+    np.testing.assert_allclose(prefill[r, 9 - n:], alone[0, :n], atol=1e-5)
+    np.testing.assert_allclose(np.concatenate(steps, 1)[r], alone[0, n:], atol=1e-5)
+  assert not np.isnan(np.asarray(padded)).any()  # the padding's own (unused) logits too
+
+
+def test_all_valid_equals_no_padding_and_query_chunks():
+  """valid_BxT of ones is the unpadded forward; a long left-padded prefill (cut into query
+  chunks on CPU) equals the row alone."""
+  cfg = model.Config(vocab_size=24, block_size=160, num_layers=1, num_heads=2, d_model=16, pos_embedding="rope")
+  params = model.init_params(cfg, jax.random.key(1))
+  toks = np.asarray(jax.random.randint(jax.random.key(2), (2, 150), 1, 24))
+  plain, _ = model.apply(cfg, params, toks)
+  ones, _ = model.apply(cfg, params, toks, valid_BxT=np.ones_like(toks))
+  np.testing.assert_allclose(ones, plain, atol=1e-6)
+  ids, valid = _left_pad([toks[0], toks[1, :100]], 150)
+  cache = model.init_cache(cfg, 2, 150, padded=True)
+  padded, cache = model.apply(cfg, params, ids, cache, 0, valid_BxT=valid)
+  np.testing.assert_allclose(padded[1, 50:], plain[1, :100], atol=1e-5)
+  np.testing.assert_array_equal(cache.valid_BxS, valid.astype(bool))
+
+
+def test_valid_with_plain_cache_is_an_error():
+  cfg = model.Config(vocab_size=24, num_layers=1, num_heads=2, d_model=16)
+  params = model.init_params(cfg, jax.random.key(1))
+  with pytest.raises(ValueError, match="padded=True"):
+    model.apply(cfg, params, np.ones((1, 4), np.int32), model.init_cache(cfg, 1, 8), 0,
+                valid_BxT=np.ones((1, 4), np.int32))

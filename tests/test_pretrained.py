@@ -175,3 +175,42 @@ def test_transformers_reads_what_xlt_saves(family, tmp_path):
     want = hf_model(torch.from_numpy(ids.astype(np.int64))).logits.numpy()
   logits, _ = model.apply(cfg, params, ids)
   assert np.abs(np.asarray(logits) - want).max() <= 1e-4
+
+
+def _padded(family):
+  d = os.path.join(HF, family)
+  return tuple(np.load(os.path.join(d, f"padded_{k}.npy")) for k in ("ids", "mask", "logits"))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_left_padded_logits_equal_transformers(family):
+  """A batch of 3 prompts of different lengths, left-padded (padded_mask.npy): on the real
+  positions, xlt's logits are transformers' (without a cache, and from a padded prefill)."""
+  ids, mask, ref = _padded(family)
+  cfg, params = pretrained.load(os.path.join(HF, family))
+  ids = ids.astype(np.int32)
+  logits, _ = model.apply(cfg, params, ids, valid_BxT=mask)
+  prefill, _ = model.apply(cfg, params, ids, model.init_cache(cfg, 3, ids.shape[1] + 2, padded=True), 0,
+                           valid_BxT=mask)
+  real = mask.astype(bool)
+  assert np.abs(np.asarray(logits)[real] - ref[real]).max() <= 1e-4
+  assert np.abs(np.asarray(prefill)[real] - ref[real]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_left_padded_greedy_decode_equals_each_row_alone(family):
+  ids, mask, _ = _padded(family)
+  cfg, params = pretrained.load(os.path.join(HF, family))
+  (b, p), new = ids.shape, 10
+  step = jax.jit(model.apply, static_argnums=0)
+  cache = model.init_cache(cfg, b, p + new, padded=True)
+  logits, cache = step(cfg, params, ids.astype(np.int32), cache, 0, valid_BxT=mask)
+  out = []
+  for i in range(new):  # decoding steps need no mask: the cache remembers the padding
+    out.append(np.asarray(logits[:, -1].argmax(-1), np.int32))
+    if i + 1 < new:
+      logits, cache = step(cfg, params, out[-1][:, None], cache, p + i)
+  for r in range(b):
+    alone = ids[r][mask[r] == 1].astype(np.int32)
+    want = lm.sample(cfg, params, alone, max_new=new, temperature=0)[len(alone):]
+    assert np.array_equal(np.stack(out, 1)[r], want)

@@ -77,14 +77,19 @@ def rope(x_BxTxHxK, pos_T, base: float, scaling: dict | None = None):
   """Rotates each (first half, second half) pair of head features by position x frequency
   (GPT-NeoX / LitGPT layout, and transformers' rotate_half: feature i pairs with i + K/2), so
   q.k depends on positions only through their offset. `scaling` (rope_type llama3) changes
-  the frequencies only."""
+  the frequencies only. `pos_T` is one position per query, shared by the rows, or [B, T]:
+  each row's own (left-padded batches, whose rows start at different offsets)."""
   half = x_BxTxHxK.shape[-1] // 2
   if scaling:
     freq = jnp.asarray(llama3_freqs(2 * half, base, scaling))
   else:
     freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angle_TxK = pos_T[:, None].astype(jnp.float32) * freq[None, :]
-  cos, sin = jnp.cos(angle_TxK)[None, :, None, :], jnp.sin(angle_TxK)[None, :, None, :]
+  if pos_T.ndim == 2:
+    angle_BxTxK = pos_T[:, :, None].astype(jnp.float32) * freq[None, None, :]
+    cos, sin = jnp.cos(angle_BxTxK)[:, :, None, :], jnp.sin(angle_BxTxK)[:, :, None, :]
+  else:
+    angle_TxK = pos_T[:, None].astype(jnp.float32) * freq[None, :]
+    cos, sin = jnp.cos(angle_TxK)[None, :, None, :], jnp.sin(angle_TxK)[None, :, None, :]
   # split (whose gradient is a concatenate), not two slices (whose gradients are zero-padded
   # full-width copies added up)
   x1, x2 = (x.astype(jnp.float32) for x in jnp.split(x_BxTxHxK, 2, axis=-1))
@@ -102,7 +107,8 @@ def causal_attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p
   cuts the queries into that many chunks, each attending to the keys up to its last
   position: the same values, without the masked scores above the diagonal
   (xlt.matmul.causal_query_chunks says how many pay). `softcap` (Gemma 2) replaces the
-  scores s by tanh(s / cap) * cap before the mask is added."""
+  scores s by tanh(s / cap) * cap before the mask is added. The mask is [T, S], shared by
+  the rows, or [B, 1, T, S]: each row's own (padding masked too)."""
   t = q_BxHxTxK.shape[2]
   if query_chunks > 1:
     if k_BxHxSxK.shape[2] != t:
@@ -110,7 +116,7 @@ def causal_attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p
                        f"queries); got {t} queries and {k_BxHxSxK.shape[2]} keys")
     bounds = [round(t * i / query_chunks) for i in range(query_chunks + 1)]
     return jnp.concatenate(
-        [_attention(q_BxHxTxK[:, :, lo:hi], k_BxHxSxK[:, :, :hi], v_BxHxSxK[:, :, :hi], mask_TxS[lo:hi, :hi], drop,
+        [_attention(q_BxHxTxK[:, :, lo:hi], k_BxHxSxK[:, :, :hi], v_BxHxSxK[:, :, :hi], mask_TxS[..., lo:hi, :hi], drop,
                     softcap)
          for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo], axis=1)
   return _attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop, softcap)
@@ -125,7 +131,9 @@ def _attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop, softcap=None):
   att_BxHxTxS = att_BxHxTxS + matmul.mask_bias(mask_TxS)
   max_BxHxTx1 = jax.lax.stop_gradient(att_BxHxTxS.max(-1, keepdims=True))
   p_BxHxTxS = jnp.exp(att_BxHxTxS - max_BxHxTx1)
-  sum_BxTxHx1 = p_BxHxTxS.sum(-1).transpose(0, 2, 1)[..., None]  # >= 1: the diagonal is unmasked
+  # >= 1: the diagonal is unmasked (or, for a padding query that may see no real key, every
+  # score is -1e30 and each exp 1: finite, unused values)
+  sum_BxTxHx1 = p_BxHxTxS.sum(-1).transpose(0, 2, 1)[..., None]
   # `drop` (dropout of the attention weights) after the sum: the normalised weights are dropped
   out_BxTxHxK = matmul.attention_values(drop(p_BxHxTxS).astype(dt), v_BxHxSxK)
   return (out_BxTxHxK.astype(jnp.float32) / sum_BxTxHx1).astype(dt)

@@ -19,11 +19,16 @@ Every parameter carries logical axis names (`embed`, `heads`, `kv_heads`, `kv`, 
 
 Shape letters: B batch, T query positions, S key positions (cache length), D model
 width, H heads, G key/value heads, K head width, V vocabulary, F MLP width.
+
+Left-padded batches (batched inference on prompts of different lengths): `apply`'s
+`valid_BxT` marks the real tokens; each row's positions then count its real tokens only and
+no query attends to padding (see `Padding`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -158,12 +163,51 @@ def _qkv(c: Config, x_BxTxD):
           layers.dense(c, (g, k), "v", ("embed", "kv_heads", "kv"), use_bias=bias)(x_BxTxD))
 
 
+class Padding(NamedTuple):
+  """What a left-padded batch changes, for every layer: each row's positions (the count of
+  its real tokens before each one, as transformers' generate derives position_ids from the
+  attention mask), and which keys are real tokens (padding is never attended to)."""
+
+  pos_BxT: jax.Array
+  keys_valid_BxS: jax.Array
+
+
+class PaddedCache(NamedTuple):
+  """A KV cache (`init_cache(..., padded=True)`) that remembers which slots hold real tokens,
+  so that decoding steps after a left-padded prefill keep masking the padding and number
+  their positions per row."""
+
+  layers: tuple  # per layer (keys, values), as `init_cache`
+  valid_BxS: jax.Array  # True where a real token was written; padding and unwritten slots False
+
+
+def _padding(tokens_BxT, cache, pos, valid_BxT):
+  """The batch's `Padding` and the cache's updated slot validity (None without a cache); both
+  None when nothing is padded (no `valid_BxT` and a plain cache), so the programs are the
+  unpadded ones."""
+  if valid_BxT is None and not isinstance(cache, PaddedCache):
+    return None, None
+  if cache is not None and not isinstance(cache, PaddedCache):
+    raise ValueError("valid_BxT with a KV cache needs init_cache(..., padded=True), which remembers the padding")
+  valid_BxT = jnp.ones(tokens_BxT.shape, bool) if valid_BxT is None else jnp.asarray(valid_BxT).astype(bool)
+  if cache is None:  # training / scoring: the keys are the queries themselves
+    start, keys_valid_BxS, cache_valid_BxS = pos, valid_BxT, None
+  else:  # a row's next position is the count of real tokens it has cached
+    start = cache.valid_BxS.sum(-1, dtype=jnp.int32)[:, None]
+    cache_valid_BxS = jax.lax.dynamic_update_slice(cache.valid_BxS, valid_BxT, (0, pos))
+    # prefill attends to its own chunk alone (Attention)
+    keys_valid_BxS = valid_BxT if isinstance(pos, int) and pos == 0 else cache_valid_BxS
+  # padding takes position 0 (any real position would do: no real query reads it)
+  pos_BxT = jnp.maximum(start + jnp.cumsum(valid_BxT, axis=1, dtype=jnp.int32) - 1, 0)
+  return Padding(pos_BxT, keys_valid_BxS), cache_valid_BxS
+
+
 class Attention(nn.Module):
   cfg: Config
   window: int = 0  # sliding window of this layer (0: none)
 
   @nn.compact
-  def __call__(self, x_BxTxD, cache, pos):
+  def __call__(self, x_BxTxD, cache, pos, pad: Padding | None = None):
     c, dt = self.cfg, jnp.dtype(self.cfg.dtype)
     q_BxTxHxK, k_BxTxGxK, v_BxTxGxK = _qkv(c, x_BxTxD)
     if c.qk_norm:  # one weight of K entries shared by all heads (Qwen3), before RoPE
@@ -171,7 +215,7 @@ class Attention(nn.Module):
                                             name=name)
       q_BxTxHxK, k_BxTxGxK = qk_norm("q_norm")(q_BxTxHxK), qk_norm("k_norm")(k_BxTxGxK)
     if c.pos_embedding == "rope":  # keys are cached rotated: a key's position never changes
-      pos_T = pos + jnp.arange(x_BxTxD.shape[1])
+      pos_T = pos + jnp.arange(x_BxTxD.shape[1]) if pad is None else pad.pos_BxT
       scaling = dict(c.rope_scaling) if c.rope_scaling else None
       q_BxTxHxK, k_BxTxGxK = rope(q_BxTxHxK, pos_T, c.rope_base, scaling), rope(k_BxTxGxK, pos_T, c.rope_base, scaling)
     # Attention runs head-major ([B, H, T, K]) and the cache is kept that way: a decoding step
@@ -191,6 +235,10 @@ class Attention(nn.Module):
     causal_TxS = q_Tx1 >= k_1xS
     if self.window:  # the query itself and the window - 1 positions before it
       causal_TxS = causal_TxS & (k_1xS > q_Tx1 - self.window)
+    # slots, not positions: a row's padding is all on its left, so among its real tokens slot
+    # offsets equal position offsets, and the window is transformers' (which counts slots)
+    if pad is not None:  # [B, 1, T, S]: no query attends to padding
+      causal_TxS = causal_TxS[None, None] & pad.keys_valid_BxS[:, None, None, :]
     if c.kv_heads != c.num_heads:  # query head h reads key/value head h // (H / G), as repeat_kv
       k_BxHxSxK, v_BxHxSxK = (jnp.repeat(x, c.num_heads // c.kv_heads, axis=1) for x in (k_BxGxSxK, v_BxGxSxK))
     else:
@@ -212,9 +260,9 @@ class Block(nn.Module):
   window: int = 0
 
   @nn.compact
-  def __call__(self, x_BxTxD, cache, pos):
+  def __call__(self, x_BxTxD, cache, pos, pad=None):
     c = self.cfg
-    y_BxTxD, cache = Attention(c, self.window, name="attn")(layers.norm(c, "ln_1")(x_BxTxD), cache, pos)
+    y_BxTxD, cache = Attention(c, self.window, name="attn")(layers.norm(c, "ln_1")(x_BxTxD), cache, pos, pad)
     if c.post_norms:
       y_BxTxD = layers.norm(c, "ln_1_post")(y_BxTxD)
     x_BxTxD = x_BxTxD + y_BxTxD
@@ -225,30 +273,35 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-  """`__call__(tokens_BxT, cache=None, pos=0) -> (logits_BxTxV, cache)`.
+  """`__call__(tokens_BxT, cache=None, pos=0, valid_BxT=None) -> (logits_BxTxV, cache)`.
 
   With a cache (from `init_cache`), the tokens are written at positions
   `pos .. pos+T-1` and attend to every earlier position: prefill and one-token
-  decoding steps are the same call.
+  decoding steps are the same call. `valid_BxT` (left padding: False/0 for padding) and a
+  `PaddedCache` give each row its own positions and mask its padding (`Padding`).
   """
 
   cfg: Config
 
   @nn.compact
-  def __call__(self, tokens_BxT, cache=None, pos=0):
+  def __call__(self, tokens_BxT, cache=None, pos=0, valid_BxT=None):
     c, dt, pdt = self.cfg, jnp.dtype(self.cfg.dtype), jnp.dtype(self.cfg.param_dtype)
+    pad, cache_valid_BxS = _padding(tokens_BxT, cache, pos, valid_BxT)
     wte = nn.Embed(c.vocab_size, c.d_model, name="wte", embedding_init=_init(("vocab", "embed")), param_dtype=pdt)
     x_BxTxD = wte(tokens_BxT)
     if c.pos_embedding == "learned":
       wpe = self.param("wpe", _init(("pos", "embed")), (c.block_size, c.d_model), pdt)
-      x_BxTxD = x_BxTxD + jnp.take(wpe, pos + jnp.arange(tokens_BxT.shape[1]), axis=0)[None]
+      if pad is None:
+        x_BxTxD = x_BxTxD + jnp.take(wpe, pos + jnp.arange(tokens_BxT.shape[1]), axis=0)[None]
+      else:
+        x_BxTxD = x_BxTxD + jnp.take(wpe, pad.pos_BxT, axis=0)
     x_BxTxD = _dropout(self, c, x_BxTxD).astype(dt)
     if c.embed_scale:  # Gemma: sqrt(D) rounded to the compute dtype first, as transformers does
       x_BxTxD = x_BxTxD * jnp.asarray(c.d_model ** 0.5, dt)
-    new_cache = []
+    new_cache, layer_caches = [], cache.layers if isinstance(cache, PaddedCache) else cache
     for i in range(c.num_layers):
       x_BxTxD, layer_cache = Block(c, c.window(i), name=f"block_{i}")(
-          x_BxTxD, None if cache is None else cache[i], pos)
+          x_BxTxD, None if cache is None else layer_caches[i], pos, pad)
       new_cache.append(layer_cache)
     x_BxTxD = layers.norm(c, "ln_f")(x_BxTxD)
     if c.tie_embeddings:
@@ -260,15 +313,22 @@ class GPT(nn.Module):
     logits_BxTxV = logits_BxTxV.astype(jnp.float32)
     if c.final_logit_softcap:
       logits_BxTxV = jnp.tanh(logits_BxTxV / c.final_logit_softcap) * c.final_logit_softcap
+    if isinstance(cache, PaddedCache):
+      return logits_BxTxV, PaddedCache(tuple(new_cache), cache_valid_BxS)
     return logits_BxTxV, (None if cache is None else tuple(new_cache))
 
 
-def init_cache(cfg: Config, batch: int, length: int | None = None):
+def init_cache(cfg: Config, batch: int, length: int | None = None, *, padded: bool = False):
   """Per layer (keys, values), each [B, G, S, K] (head-major: see Attention; the key/value
-  heads, not the query heads), zero-filled."""
+  heads, not the query heads), zero-filled. `padded`: a `PaddedCache` (for left-padded
+  batches: `apply`'s `valid_BxT`), the same layers with every slot marked empty."""
   s = length or cfg.block_size
   shape = (batch, cfg.kv_heads, s, cfg.head_width)
-  return tuple((jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype)) for _ in range(cfg.num_layers))
+  kv = tuple((jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype)) for _ in range(cfg.num_layers))
+  return PaddedCache(kv, jnp.zeros((batch, s), bool)) if padded else kv
+
+
+
 def init_params(cfg: Config, rng):
   """Plain (unboxed) parameter dict: {'wte': ..., 'block_0': {...}, ...}."""
   boxed = GPT(cfg).init(rng, jnp.zeros((1, 1), jnp.int32))["params"]
@@ -281,10 +341,15 @@ def logical_axes(cfg: Config):
   return nn.get_partition_spec(boxed)["params"]
 
 
-def apply(cfg: Config, params, tokens_BxT, cache=None, pos=0, dropout_rng=None):
-  """The forward pass; with `dropout_rng` (training) and `cfg.dropout` > 0, with dropout."""
+def apply(cfg: Config, params, tokens_BxT, cache=None, pos=0, dropout_rng=None, *, valid_BxT=None):
+  """The forward pass; with `dropout_rng` (training) and `cfg.dropout` > 0, with dropout.
+
+  `valid_BxT` (1 for real tokens, 0 for left padding) gives each row positions counting its
+  real tokens and masks the padding from every query, so a left-padded row's logits are
+  those of the row alone; with a cache, use `init_cache(..., padded=True)`, which keeps the
+  mask for the decoding steps after (they need no `valid_BxT`). None: no padding."""
   rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
-  return GPT(cfg).apply({"params": params}, tokens_BxT, cache, pos, rngs=rngs)
+  return GPT(cfg).apply({"params": params}, tokens_BxT, cache, pos, valid_BxT, rngs=rngs)
 
 
 def count_params(params) -> int:
