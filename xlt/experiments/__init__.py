@@ -7,6 +7,8 @@
                (its LoRA and trained-neuron stages in testbed_peft)
   finetune     finetune: a pretrained Hugging Face model -> task and language experts ->
                partition recipes, LoRA, merges -> Hugging Face directories, scores
+  pretrain_hf  pretrain_hf: a small Llama-shaped base on the testbed's data, saved as a Hugging
+               Face directory with its tokenizer and fine-tuning data (configs/llama_base.py)
   common       what a kind hands the runner (Stage) and gets back (Trained)
 """
 
@@ -14,9 +16,10 @@ from __future__ import annotations
 
 import types
 
-from xlt.experiments import finetune, synthetic, testbed, text
+from xlt.experiments import finetune, pretrain_hf, synthetic, testbed, text
 
-KINDS = {"graph": synthetic, "addition": synthetic, "text": text, "arithmetic": testbed, "finetune": finetune}
+KINDS = {"graph": synthetic, "addition": synthetic, "text": text, "arithmetic": testbed, "finetune": finetune,
+         "pretrain_hf": pretrain_hf}
 
 
 def kind(task: str) -> types.ModuleType:
