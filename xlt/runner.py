@@ -23,6 +23,10 @@ Kinds:
   graph, addition  xlt.experiments.synthetic  language mixing on the synthetic tasks (Tables 2, 3)
   text             xlt.experiments.text       language modelling, perplexity (Table 4)
   arithmetic       xlt.experiments.testbed    the merge testbed: base -> experts -> merges -> scores
+  finetune         xlt.experiments.finetune   the recipes on a Hugging Face model: experts, partitions,
+                                              LoRA, merges, each written as a Hugging Face directory
+  pretrain_hf      xlt.experiments.pretrain_hf  a small Llama-shaped base on xlt's own data, written
+                                              as a Hugging Face directory (a base with no download)
 
 A finished workdir (it holds results.json) returns its rows without training or testing; an
 unfinished one resumes every stage from its checkpoints, so a killed run started again with
