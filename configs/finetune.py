@@ -1,7 +1,8 @@
 """xlt's recipes on a pretrained model (xlt.experiments.finetune): from a Hugging Face base
 directory (Llama, Mistral, Qwen, Gemma, GPT-2; configs/llama_base.py makes one with no
-download), a task expert and a language expert fine-tuned on your jsonl files (prompt/completion or chat messages, each with
-a validation split and early stopping on its loss), the partial experts of a frozen partition
+download), a task expert and a language expert fine-tuned on your jsonl files
+(prompt/completion or chat messages, each with a validation split and early stopping on its
+loss), the partial experts of a frozen partition
 ([A] / [C] scaled to the depth, or declared rules), optionally simultaneous alternation and
 LoRA, then freeze-then-train, train-then-revert and the merges of `merges`:
 
