@@ -20,6 +20,11 @@ Every parameter carries logical axis names (`embed`, `heads`, `kv_heads`, `kv`, 
 Shape letters: B batch, T query positions, S key positions (cache length), D model
 width, H heads, G key/value heads, K head width, V vocabulary, F MLP width.
 
+How it runs, without changing the values: `Config.attention` picks the attention kernel per
+platform (xlt.attention; on a CPU xlt's own), `Config.remat` recomputes each Block's
+activations in the backward pass, and `dtype` (compute) may differ from `param_dtype` (bf16
+matmuls over fp32 parameters, whose optimizer state follows them).
+
 Left-padded batches (batched inference on prompts of different lengths): `apply`'s
 `valid_BxT` marks the real tokens; each row's positions then count its real tokens only and
 no query attends to padding (see `Padding`).
@@ -34,6 +39,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from xlt import attention as attention_lib
 from xlt import layers
 from xlt import matmul
 from xlt import paths
@@ -41,6 +47,9 @@ from xlt.layers import DROPOUT_BITS, causal_attention, dropout, gelu, rope  # no
 
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")
 MLPS = ("gelu", "swiglu", "geglu")
+# what a rematerialised Block keeps for the backward pass (jax.checkpoint policies)
+REMAT_POLICIES = {"nothing": jax.checkpoint_policies.nothing_saveable,
+                  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +93,13 @@ class Config:
   sliding_layers: tuple[int, ...] | None = None
   query_pre_attn_scalar: float | None = None  # Gemma 2: scores scale by this ** -0.5, not head_dim's
   param_dtype: str = "float32"
+  # ---- how it runs (the same values): the attention kernel (xlt.attention: "auto" is xlt's
+  # own on a CPU, cuDNN on a GPU, splash on a TPU), and activation rematerialisation
+  # ("block": each Block's activations are recomputed in the backward pass, keeping only what
+  # `remat_policy` saves: "nothing", or "dots", the dense layers' outputs)
+  attention: str = "auto"
+  remat: str = "none"
+  remat_policy: str = "nothing"
 
   def __post_init__(self):
     if isinstance(self.rope_scaling, dict) or (self.rope_scaling and isinstance(self.rope_scaling, list)):
@@ -115,6 +131,12 @@ class Config:
     if self.sliding_window < 0 or any(not 0 <= i < self.num_layers for i in self.sliding_layers or ()):
       raise ValueError(f"model.sliding_window must be >= 0 and sliding_layers in [0, {self.num_layers}), got "
                        f"{self.sliding_window} and {self.sliding_layers}")
+    if self.attention not in attention_lib.IMPLEMENTATIONS:
+      raise ValueError(f"model.attention must be one of {', '.join(attention_lib.IMPLEMENTATIONS)}, "
+                       f"got {self.attention!r}")
+    if self.remat not in ("none", "block") or self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"model.remat must be none or block and remat_policy one of {', '.join(REMAT_POLICIES)}, "
+                       f"got {self.remat!r} and {self.remat_policy!r}")
 
   @property
   def kv_heads(self) -> int:
@@ -239,20 +261,40 @@ class Attention(nn.Module):
     # offsets equal position offsets, and the window is transformers' (which counts slots)
     if pad is not None:  # [B, 1, T, S]: no query attends to padding
       causal_TxS = causal_TxS[None, None] & pad.keys_valid_BxS[:, None, None, :]
+    scale = c.query_pre_attn_scalar ** -0.5 if c.query_pre_attn_scalar else c.head_width ** -0.5
+    impl = self._implementation(dt, pad is not None, not (isinstance(pos, int) and pos == 0), t)
+    if impl != "xlt":
+      out_BxTxHxK = attention_lib.attend(impl, q_BxHxTxK, k_BxGxSxK.astype(dt), v_BxGxSxK.astype(dt), causal_TxS,
+                                         scale=scale, window=self.window, softcap=c.attn_logit_softcap)
+      return self._project(out_BxTxHxK), cache
     if c.kv_heads != c.num_heads:  # query head h reads key/value head h // (H / G), as repeat_kv
       k_BxHxSxK, v_BxHxSxK = (jnp.repeat(x, c.num_heads // c.kv_heads, axis=1) for x in (k_BxGxSxK, v_BxGxSxK))
     else:
       k_BxHxSxK, v_BxHxSxK = k_BxGxSxK, v_BxGxSxK
-    scale = c.query_pre_attn_scalar ** -0.5 if c.query_pre_attn_scalar else c.head_width ** -0.5
     out_BxTxHxK = causal_attention(q_BxHxTxK * scale, k_BxHxSxK.astype(dt), v_BxHxSxK.astype(dt), causal_TxS,
                                    lambda p: _dropout(self, c, p),
                                    # from position 0 (training, scoring, prefill) the mask is lower-triangular
                                    matmul.causal_query_chunks(t) if isinstance(pos, int) and pos == 0 else 1,
                                    softcap=c.attn_logit_softcap)
+    return self._project(out_BxTxHxK), cache
+
+  def _implementation(self, dt, padded: bool, decoding: bool, t: int) -> str:
+    """xlt.attention's choice for this layer on the default backend (Python, at trace time)."""
+    c = self.cfg
+    impl, why = attention_lib.choose(
+        c.attention, jax.default_backend(), dtype=dt, softcap=c.attn_logit_softcap,
+        dropout=c.dropout > 0 and self.has_rng("dropout"), padded=padded, decoding=decoding,
+        head_dim=c.head_width, seq=t)
+    if why:
+      attention_lib.log_fallback(c.attention, impl, why)
+    return impl
+
+  def _project(self, out_BxTxHxK):
+    c = self.cfg
     # GPT-2: residual projections start smaller so the residual stream stays O(1).
     out_BxTxD = layers.dense(c, c.d_model, "proj", ("heads", "kv", "embed"), axis=(-2, -1),
                              std=0.02 / (2 * c.num_layers) ** 0.5)(out_BxTxHxK)
-    return _dropout(self, c, out_BxTxD), cache
+    return _dropout(self, c, out_BxTxD)
 
 
 class Block(nn.Module):
@@ -299,8 +341,12 @@ class GPT(nn.Module):
     if c.embed_scale:  # Gemma: sqrt(D) rounded to the compute dtype first, as transformers does
       x_BxTxD = x_BxTxD * jnp.asarray(c.d_model ** 0.5, dt)
     new_cache, layer_caches = [], cache.layers if isinstance(cache, PaddedCache) else cache
+    block = Block
+    if c.remat == "block" and cache is None:  # training: decoding has no backward pass to save for
+      # static: `pos` (an int from position 0) selects the query chunks (argument 0 is the module)
+      block = nn.remat(Block, policy=REMAT_POLICIES[c.remat_policy], static_argnums=(3,))
     for i in range(c.num_layers):
-      x_BxTxD, layer_cache = Block(c, c.window(i), name=f"block_{i}")(
+      x_BxTxD, layer_cache = block(c, c.window(i), name=f"block_{i}")(
           x_BxTxD, None if cache is None else layer_caches[i], pos, pad)
       new_cache.append(layer_cache)
     x_BxTxD = layers.norm(c, "ln_f")(x_BxTxD)

@@ -30,6 +30,11 @@ DEFAULT_RULES = (
     ("mlp", "tensor"),
     ("vocab", "tensor"),
     ("qkv", None),
+    # the separate k/v kernels' G key/value heads stay replicated: G is often below or not a
+    # multiple of the tensor size (1 for multi-query attention) and a rule cannot depend on the
+    # model, while the k/v projections are only G/H of the queries' work; the heads repeated
+    # to H for attention then follow the queries' tensor sharding
+    ("kv_heads", None),
     ("kv", None),
     ("pos", None),
     ("norm", None),
