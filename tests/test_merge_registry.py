@@ -237,3 +237,11 @@ def test_a_float_option_given_per_layer_merges_each_block_with_its_value():
   flat = {"encoder.x": np.ones(2, np.float32)}
   with pytest.raises(ValueError, match="no naming rule recognises"):  # the blocks must be known
     registry.merge("ties", {"base": flat, "experts": [flat]}, {"density": [0.5, 1.0]}, naming="auto")
+
+
+def test_a_one_line_spec_names_a_method_and_its_options():
+  assert registry.parse_spec("ties density=0.5 lambdas=[1.0,0.5]") == ("ties", {"density": 0.5, "lambdas": [1.0, 0.5]})
+  assert registry.parse_spec("layer_swap bottom=1 top=1 non_block='average'") == (
+      "layer_swap", {"bottom": 1, "top": 1, "non_block": "average"})
+  with pytest.raises(ValueError, match="merges entry 'ties density=half' is not 'method option=value ...'"):
+    registry.parse_spec("ties density=half", "merges")

@@ -23,7 +23,6 @@ finished workdir is reused.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import os
 import re
@@ -91,13 +90,7 @@ def merges(c) -> list[tuple[str, str, dict]]:
   (values as Python literals), e.g. "layer_swap bottom=1 top=1", "ties density=0.5"."""
   out = []
   for spec in c.merges:
-    method, *pairs = str(spec).split()
-    try:
-      options = {k: ast.literal_eval(v) for k, v in (pair.split("=", 1) for pair in pairs)}
-    except (ValueError, SyntaxError):
-      raise ValueError(f"merges entry {spec!r} is not 'method option=value ...' (values as Python "
-                       "literals)") from None
-    out.append((str(spec), method, options))
+    out.append((str(spec), *merge.registry.parse_spec(spec, "merges")))
   return out
 
 

@@ -24,7 +24,6 @@ checkpoints, so a killed run started again with the same command ends the same.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import os
 import time
@@ -155,13 +154,7 @@ def merges(c, seed: int = 0) -> list[tuple[str, str, dict]]:
           (f"DARE drop={m.dare_drop}", "dare", {"drop": m.dare_drop, "seed": seed}),
           ("MAET", "maet", m.maet.to_dict())]
   for spec in m.get("extra", ()):
-    method, *pairs = str(spec).split()
-    try:
-      options = {k: ast.literal_eval(v) for k, v in (pair.split("=", 1) for pair in pairs)}
-    except (ValueError, SyntaxError):
-      raise ValueError(f"merge.extra entry {spec!r} is not 'method option=value ...' (values as Python "
-                       "literals)") from None
-    out.append((str(spec), method, options))
+    out.append((str(spec), *merge.registry.parse_spec(spec, "merge.extra")))
   return out
 
 

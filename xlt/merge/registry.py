@@ -23,6 +23,7 @@ needs a naming rule (xlt.paths): "hf", "xlt" or a block prefix pattern such as
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import numbers
@@ -193,6 +194,17 @@ _LAYER_AWARE = {"della": True, "della_linear": True, "arcee_fusion": True, "sler
 # register's keywords)
 for _name, _fn, _roles, _paper, _kw in sparse.REGISTER + geometric.REGISTER:
   register(_name, _fn, _roles, _paper, layer_aware=_LAYER_AWARE.get(_name, False), **_kw)
+
+
+def parse_spec(spec: str, what: str = "merge") -> tuple[str, dict]:
+  """(method, options) of a one-line merge spec "method option=value ...", the values Python
+  literals (e.g. "ties density=0.5", "layer_swap bottom=1 top=1"): how configs list merges."""
+  method, *pairs = str(spec).split()
+  try:
+    return method, {k: ast.literal_eval(v) for k, v in (pair.split("=", 1) for pair in pairs)}
+  except (ValueError, SyntaxError):
+    raise ValueError(f"{what} entry {spec!r} is not 'method option=value ...' (values as Python "
+                     "literals)") from None
 
 
 def get(method: str) -> Method:
