@@ -135,7 +135,7 @@ def test_modules_of_xlt_import_no_cycle():
 
   assert [m for m in graph if on_a_cycle(m)] == []
   kinds = {"xlt.experiments.synthetic", "xlt.experiments.text", "xlt.experiments.testbed",
-           "xlt.experiments.testbed_peft"}
+           "xlt.experiments.testbed_peft", "xlt.experiments.finetune", "xlt.experiments.pretrain_hf"}
   assert graph["xlt.experiments"] == kinds - {"xlt.experiments.testbed_peft"}
   for kind in kinds:
     assert not graph[kind] & ({"xlt.runner", "xlt.experiments"} | kinds - {"xlt.experiments.testbed_peft"}), kind
