@@ -1,35 +1,17 @@
 """A small Llama-shaped base (RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases)
-pretrained by xlt on the merge testbed's base mixture (configs/merge.py: the non-task
-operations, the target language low-resource), saved as a Hugging Face directory with a
-word-piece tokenizer of the task's vocabulary (xlt.experiments.pretrain_hf), and the data of
-a task and a language fine-tune beside it: the open-model path end to end, nothing downloaded.
+pretrained by xlt on the merge testbed's base mixture (configs/merge.py), saved as a Hugging
+Face directory with a word-piece tokenizer of the task's vocabulary
+(xlt.experiments.pretrain_hf), with the data of a task and a language fine-tune beside it:
+the pretrained-model path end to end, nothing downloaded.
 
   python -m xlt.main --config=configs/llama_base.py --workdir=runs/base
-  python -m xlt.main --config=configs/finetune.py --workdir=runs/ft \\
-      --config.base=runs/base/hf \\
-      --config.data.task=runs/base/data/task.jsonl \\
-      --config.data.language=runs/base/data/language.jsonl \\
-      --config.merges="('layer_swap bottom=1 top=1',)" \\
-      --config.data.block_size=64 --config.train.batch_size=32 --config.opt.peak_lr=3e-4 \\
-      --config.eval.prompts="('runs/base/data/prompts.jsonl',)" --config.eval.max_new=8
-  python -m xlt.generate --model=runs/ft/models/layer_swap_bottom_1_top_1 \\
-      --prompts=runs/base/data/task_prompts.jsonl --output=out.jsonl \\
-      --answers=runs/base/data/task_prompts.jsonl --max_new=8
 
-runs/base/hf is a Llama directory (transformers' AutoModelForCausalLM and AutoTokenizer load
-it; tests/test_llama_e2e.py checks the logits and greedy answers at tiny sizes). The data
-files (runs/base/data): task.jsonl (add_digit in the source language), language.jsonl (the
-other operations in the target language), prompts.jsonl (the goal: add_digit in the target
-language, which nothing trains on), task_prompts.jsonl and language_prompts.jsonl (held-out
-test prompts, each line with its "answer"). xlt.generate --answers scores final numbers, so it
-reads the source language's numeric answers; the target language writes letters, which the
-fine-tune's eval.prompts scores by exact match (runs/ft/table.md).
-
-Not a result of the papers: the path. One run of the three commands above on a 2-core CPU
-(XLT_CPU_DEVICES=1; 2.4 + 6.5 min): the base (204k parameters) has validation loss 0.046 and
-exact match 0.79 on language_prompts, 0 on the goal and the task (by construction); the task
-expert 0.895 on task_prompts (xlt.generate --answers); on the goal (runs/ft/table.md)
-freeze-then-train [C] 0.105, train-then-revert [C] 0.010, the layer swap 0.000.
+runs/base/hf is a Llama directory that transformers loads; runs/base/data holds task.jsonl
+(add_digit in the source language), language.jsonl (the other operations in the target
+language), prompts.jsonl (the goal: add_digit in the target language, which nothing trains
+on), task_prompts.jsonl and language_prompts.jsonl (held out, each with its "answer"). The
+fine-tune and generate commands that follow: docs/pretrained.md; tests/test_llama_e2e.py runs
+them at tiny sizes. No reference numbers: it is a path, not a result of the papers.
 """
 
 import ml_collections
