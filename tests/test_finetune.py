@@ -186,3 +186,22 @@ def test_declared_rules_and_the_recipes_they_add(tiny):
   tiny.partition.rest = "task"
   with pytest.raises(ValueError, match="needs both labels"):
     finetune.label_trees(tiny, base)
+
+
+def test_a_preempted_run_resumes_to_the_same_models(finished, tmp_path):
+  """Stopped mid-stage (as a preemption or kill -9 would leave it) and started again with the
+  same config, the run ends with the models and rows of the uninterrupted one."""
+  c, workdir, rows, _ = finished
+  again = _config(tmp_path)
+  again.base = c.base  # the same base directory: its path is part of the recorded config
+  resumed = str(tmp_path / "resumed")
+  with contextlib.redirect_stdout(io.StringIO()):
+    assert runner.run(again, resumed, progress=False, stop_after=3) == []
+    assert not os.path.exists(os.path.join(resumed, "results.json"))
+    assert runner.run(again, resumed, progress=False) == rows
+  for name in ("task expert", "partial language expert [C]", "layer_swap bottom=1 top=0"):
+    slug = finetune.slug(name)
+    _, want = pretrained.load(os.path.join(workdir, "models", slug))
+    _, got = pretrained.load(os.path.join(resumed, "models", slug))
+    for (p, x), y in zip(_leaves(want).items(), _leaves(got).values()):
+      np.testing.assert_array_equal(x, y, err_msg=f"{name} {p}")
