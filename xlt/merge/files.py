@@ -107,10 +107,9 @@ def checkpoint_files(path: str) -> list[str]:
   return [path]
 
 
-def _header(file: str) -> dict:
-  """The JSON header of a safetensors file, checked against the file's size: a truncated
-  or foreign file is a ValueError here, before any merge starts. Its "__data__" entry (not
-  the format's) is where the tensors' bytes start."""
+def _header(file: str) -> tuple[dict, int]:
+  """(the JSON header of a safetensors file, where its tensors' bytes start), checked against
+  the file's size: a truncated or foreign file is a ValueError here, before any merge starts."""
   size = os.path.getsize(file)
   with open(file, "rb") as f:
     head = f.read(8)
@@ -127,7 +126,7 @@ def _header(file: str) -> dict:
     raise ValueError(f"{file} is not a safetensors file: a tensor's header has no data_offsets") from None
   if 8 + n + end > size:
     raise ValueError(f"{file} is truncated: its tensors end at byte {8 + n + end}, the file has {size}")
-  return {**header, "__data__": 8 + n}
+  return header, 8 + n
 
 
 def load(path: str, *, lazy: bool = True, nested: bool = False) -> dict:
@@ -135,16 +134,16 @@ def load(path: str, *, lazy: bool = True, nested: bool = False) -> dict:
   splits names on "/" into xlt's nested dicts. Only the headers are read here."""
   tree = {}
   for file in checkpoint_files(path):
-    header = _header(file)
+    header, data_start = _header(file)
     for name, info in header.items():
-      if name in ("__metadata__", "__data__"):
+      if name == "__metadata__":
         continue
       if info["dtype"] not in _DTYPES:
         raise ValueError(f"{file}: tensor {name} has dtype {info['dtype']}, which numpy cannot hold")
       if name in tree:
         raise ValueError(f"tensor {name} appears in two files of {path}")
       tree[name] = LazyTensor(file, name, info["shape"], _DTYPES[info["dtype"]],
-                              header["__data__"] + int(info["data_offsets"][0]))
+                              data_start + int(info["data_offsets"][0]))
   if not lazy:
     tree = {k: np.asarray(v) for k, v in tree.items()}
   return _nest(tree) if nested else tree

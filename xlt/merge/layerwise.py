@@ -21,8 +21,9 @@ from xlt.merge.geometric import per_block
 def per_layer_options(m, options: dict) -> list[str]:
   """The options of a call to method `m` given as per-layer lists: float options (declared
   plain `float`) whose value is a list or tuple of numbers."""
+  floats = {o.name for o in m.options if o.type in ("float", "float | None")}
   return [k for k, v in (options or {}).items()
-          if m.option(k).type in ("float", "float | None") and isinstance(v, (list, tuple))
+          if k in floats and isinstance(v, (list, tuple))
           and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)]
 
 

@@ -94,8 +94,7 @@ class Method:
     options = options or {}
     if any(o.tree and options.get(o.name) is not None for o in self.options):
       return True
-    if any(o.type in ("float", "float | None") and isinstance(options.get(o.name), (list, tuple))
-           for o in self.options):
+    if layerwise.per_layer_options(self, options):
       return True  # per-layer values (xlt.merge.layerwise): the blocks must be known
     return bool(self.layer_aware(options) if callable(self.layer_aware) else self.layer_aware)
 
@@ -258,7 +257,7 @@ def check(method: str, inputs: dict, options: dict | None = None, *, trees_allow
     if o.tree and not trees_allowed and value is not None:
       raise ValueError(f"merge method {method}: option {name} takes a parameter tree, which only a "
                        "Python call can give (xlt.merge.registry.merge)")
-    per_layer = o.type in ("float", "float | None") and _type_ok(value, "Sequence[float]") and len(value)
+    per_layer = bool(layerwise.per_layer_options(m, {name: value}))
     if not o.tree and not per_layer and not _type_ok(value, o.type):
       shown = " ".join(repr(value).split())
       shown = shown if len(shown) <= 60 else shown[:57] + "..."
