@@ -30,3 +30,11 @@ def test_only_whole_file_modes():
   with pytest.raises(ValueError, match="mode 'wb' or 'w'"):
     with fileio.atomic_open("x", "a"):
       pass
+
+
+def test_a_file_over_its_limit_is_refused_before_it_is_read(tmp_path):
+  path = tmp_path / "user.jsonl"
+  path.write_bytes(b"x" * 11)
+  assert fileio.check_size(str(path), 11) == 11
+  with pytest.raises(KeyError, match="is 11 bytes, over the 10-byte limit for tests"):
+    fileio.check_size(str(path), 10, KeyError, " for tests")

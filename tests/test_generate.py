@@ -246,3 +246,12 @@ def test_greedy_matches_transformers(family):
   new = len(theirs) - len(prompt)
   batch = generate.greedy_ids(cfg, params, [prompt[:3], prompt, prompt[:7]], max_new=new, batch=4)
   assert batch[1] == theirs[len(prompt):]
+
+
+def test_a_prompts_file_over_the_limit_is_a_user_error(tmp_path, monkeypatch):
+  from xlt.data import sft
+  path = tmp_path / "p.jsonl"
+  path.write_text('{"prompt": "w1"}\n')
+  monkeypatch.setattr(sft, "MAX_FILE_BYTES", 4)
+  with pytest.raises(generate.UserError, match="over the 4-byte limit"):
+    generate.read_jsonl(str(path), "prompts")

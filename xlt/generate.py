@@ -45,6 +45,7 @@ from xlt import evaluate
 from xlt import hf_tokenizer
 from xlt import lm
 from xlt import sharding
+from xlt.data import sft
 from xlt.merge import fileio
 
 # Padded prompt lengths and prefill lengths are rounded to this, so a run over prompts of many
@@ -210,6 +211,7 @@ def read_jsonl(path: str, what: str) -> list[dict]:
   naming its number."""
   if not os.path.isfile(path):
     raise UserError(f"no {what} file {path}")
+  fileio.check_size(path, sft.MAX_FILE_BYTES, UserError)  # a file the user brings
   out = []
   with open(path, encoding="utf-8") as f:
     for number, line in enumerate(f, 1):

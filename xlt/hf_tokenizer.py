@@ -27,6 +27,8 @@ import json
 import os
 import re
 
+from xlt.merge import fileio
+
 # A tokenizer.json of a 256k vocabulary (Gemma) is ~33 MB; configs and templates are KBs
 # (a config listing every added token, ~1 MB). Anything far larger is not a tokenizer.
 MAX_TOKENIZER_BYTES = 256 << 20
@@ -41,9 +43,7 @@ class TokenizerError(ValueError):
 
 
 def _read(path: str, limit: int, binary: bool = False):
-  size = os.path.getsize(path)
-  if size > limit:
-    raise TokenizerError(f"{path} is {size} bytes, over the {limit}-byte limit for tokenizer files")
+  fileio.check_size(path, limit, TokenizerError, " for tokenizer files")
   with open(path, "rb") as f:
     data = f.read(limit + 1)
   if binary:

@@ -71,6 +71,8 @@ from typing import Sequence
 
 import numpy as np
 
+from xlt.merge import fileio
+
 # A jsonl far above this is not meant to be read into memory in one go; pass max_bytes to
 # read one anyway.
 MAX_FILE_BYTES = 4 << 30
@@ -121,9 +123,7 @@ def read_jsonl(path: str, max_bytes: int = MAX_FILE_BYTES) -> list[dict]:
   size-checked before it is read."""
   if not os.path.isfile(path):
     raise SFTError(f"{path}: no such file")
-  size = os.path.getsize(path)
-  if size > max_bytes:
-    raise SFTError(f"{path} is {size} bytes, over the {max_bytes}-byte limit (pass max_bytes to read it)")
+  fileio.check_size(path, max_bytes, SFTError, " (pass max_bytes to read it)")
   records = []
   with open(path, encoding="utf-8") as f:
     for lineno, line in enumerate(f, 1):

@@ -1,4 +1,5 @@
-"""Atomic file writes: a file xlt writes is either its old self or complete, never torn.
+"""Atomic file writes: a file xlt writes is either its old self or complete, never torn; and
+the size check before xlt reads a file a user brought.
 
 Standard library only: it lives in the pure merge library, and every part of xlt uses it.
 """
@@ -45,3 +46,12 @@ def write_bytes(path: str, data: bytes) -> None:
 def write_text(path: str, text: str) -> None:
   with atomic_open(path, "w") as f:
     f.write(text)
+
+
+def check_size(path: str, limit: int, error: type[Exception] = ValueError, why: str = "") -> int:
+  """The size of `path`, a file a user brought, after checking it is at most `limit` bytes:
+  its reader then never holds more than that (`error`: the caller's one-line error type)."""
+  size = os.path.getsize(path)
+  if size > limit:
+    raise error(f"{path} is {size} bytes, over the {limit}-byte limit{why}")
+  return size
