@@ -245,3 +245,16 @@ def test_a_one_line_spec_names_a_method_and_its_options():
       "layer_swap", {"bottom": 1, "top": 1, "non_block": "average"})
   with pytest.raises(ValueError, match="merges entry 'ties density=half' is not 'method option=value ...'"):
     registry.parse_spec("ties density=half", "merges")
+
+
+def test_an_experiments_merges_pick_their_inputs_from_what_it_has():
+  base, t, l = (tiny(i) for i in range(3))
+  have = {"task_expert": t, "language_expert": l, "experts": [t, l], "base": base}
+  np.testing.assert_equal(leaves(registry.merge_among("ties", have, {"density": 0.5})),
+                          leaves(merge.ties(base, [t, l], density=0.5)))
+  assert registry.check_among("layer_swap", {"bottom": 1, "top": 1}, have, "swap").name == "layer_swap"
+  with pytest.raises(ValueError, match="merge 'm': no input for maet's ability_model, source_language_model, "
+                                       "target_language_models"):
+    registry.check_among("maet", {}, have, "m")
+  with pytest.raises(ValueError, match="ties has no option drop"):
+    registry.check_among("ties", {"drop": 0.1}, have, "t")

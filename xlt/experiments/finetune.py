@@ -136,11 +136,7 @@ def check(c, num_layers: int):
   if not c.simultaneous.steps_per_switch or min(c.simultaneous.steps_per_switch) < 1:
     raise ValueError(f"simultaneous.steps_per_switch must be positive, got {c.simultaneous.steps_per_switch}")
   for label, method, options in merges(c):
-    m = merge.registry.get(method)
-    if missing := [r.name for r in m.roles if r.name not in MERGE_INPUTS]:
-      raise ValueError(f"merge {label!r}: no input for {method}'s {', '.join(missing)} (the experiment has "
-                       f"{', '.join(MERGE_INPUTS)})")
-    merge.registry.check(method, {r.name: [None] if r.many else None for r in m.roles}, options)
+    merge.registry.check_among(method, options, MERGE_INPUTS, label)
     if method == "layer_swap":
       merge.swap_plan(num_layers, options["bottom"], options["top"], options.get("lower_transition", 0),
                       options.get("upper_transition", 0))
@@ -315,8 +311,7 @@ def models(c, prep: Prep, trained: dict) -> dict:
     out[f"train-then-revert [{p}]"] = partition.combine({"task": task, "language": lang}, prep.labels[p])
   inputs = {"task_expert": task, "language_expert": lang, "experts": [task, lang], "base": prep.base}
   for label, method, options in merges(c):
-    roles = [r.name for r in merge.registry.get(method).roles]
-    out[label] = jax.tree.map(np.asarray, merge.registry.merge(method, {r: inputs[r] for r in roles}, options))
+    out[label] = jax.tree.map(np.asarray, merge.registry.merge_among(method, inputs, options))
   return out
 
 

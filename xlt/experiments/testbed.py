@@ -45,6 +45,9 @@ from xlt.experiments import common as kind_lib
 from xlt.experiments import testbed_peft
 
 ALL = None  # a phase that trains every parameter
+# the merge registry's inputs the testbed has (compose fills each): checked before training
+MERGE_INPUTS = ("task_expert", "language_expert", "experts", "base", "ability_model", "source_language_model",
+                "target_language_models")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,8 +132,7 @@ def compose(c, base, trained: dict, labels: dict, seed: int = 0) -> dict:
   for label, method, options in merges(c, seed):
     if method == "soup" and options.pop("weights", None) == "magnitude":
       options["weights"] = merge.magnitude_weights([task, lang], base)
-    roles = [r.name for r in merge.registry.get(method).roles]
-    models[label] = merge.registry.merge(method, {r: inputs[r] for r in roles}, options)
+    models[label] = merge.registry.merge_among(method, inputs, options)
   return models
 
 
@@ -159,14 +161,10 @@ def merges(c, seed: int = 0) -> list[tuple[str, str, dict]]:
 
 
 def _check_merges(c):
-  known = {"task_expert", "language_expert", "experts", "base", "ability_model", "source_language_model",
-           "target_language_models"}
   for label, method, options in merges(c):
-    m = merge.registry.get(method)
-    if missing := [r.name for r in m.roles if r.name not in known]:
-      raise ValueError(f"merge {label!r}: the testbed has no input for {method}'s {', '.join(missing)}")
-    if options.get("weights") != "magnitude":
-      merge.registry.check(method, {r.name: [None] if r.many else None for r in m.roles}, options)
+    if options.get("weights") == "magnitude":  # computed from the experts when they exist
+      options = {k: v for k, v in options.items() if k != "weights"}
+    merge.registry.check_among(method, options, MERGE_INPUTS, label)
 
 
 def _swaps(c) -> list[tuple[int, int, int]]:

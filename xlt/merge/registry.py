@@ -308,6 +308,23 @@ def merge(method: str, inputs: dict, options: dict | None = None, *,
   return m.fn(*args, **dict(options or {}), naming=naming)
 
 
+def check_among(method: str, options: dict | None, available, label: str) -> Method:
+  """`check` of a call an experiment will make with the models it has (`available`: the role
+  names it can fill), before any of them is trained: a role it lacks is a one-line error."""
+  m = get(method)
+  if missing := [r.name for r in m.roles if r.name not in available]:
+    raise ValueError(f"merge {label!r}: no input for {method}'s {', '.join(missing)} (the experiment has "
+                     f"{', '.join(available)})")
+  return check(method, {r.name: [None] if r.many else None for r in m.roles}, options)
+
+
+def merge_among(method: str, available: dict, options: dict | None = None, *,
+                naming: str | naming_lib.Naming = naming_lib.XLT):
+  """`merge` with the inputs `method` takes picked from `available` ({role: tree or list}), an
+  experiment's models by the role each can fill."""
+  return merge(method, {r.name: available[r.name] for r in get(method).roles}, options, naming=naming)
+
+
 def describe(method: str | None = None) -> str:
   """Help text: every method (or one) with its inputs, options (type, default, help) and paper."""
   blocks = []
