@@ -7,7 +7,8 @@ Models: Llama 3.1 8B and Qwen2.5-7B, their configs built by hand from the public
 values and read by xlt.pretrained.config_from_hf, as a download of the model would be.
 Recipes, each with remat (jax.checkpoint per block) and bf16 parameters and activations:
 
-  full         every parameter trained, Adam's two moments in float32 (`fp32_adam`)
+  full         every parameter trained, Adam's two moments in float32
+               (opt.state_dtype, xlt.train.with_state_dtype)
   frozen [C]   the partial task expert: the middle blocks trained, the bottom 6 and top 2 of 32
                (scaled to the depth), embeddings and head frozen: no Adam state, and the
                gradients of the trained blocks only (xlt.memory's `trainable` mask; xlt's gated
@@ -30,7 +31,6 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 import jax  # noqa: E402 (after XLA_FLAGS)
-import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 import optax  # noqa: E402
 
@@ -55,23 +55,12 @@ DEVICES = {"one 80 GB GPU": (dict(data=1, fsdp=1, tensor=1, devices=1), 80 << 30
            "TPU v5e-8 (fsdp 8)": (dict(data=1, fsdp=8, tensor=1, devices=8), 16 << 30)}
 
 
-def fp32_adam(tx: optax.GradientTransformation) -> optax.GradientTransformation:
-  """`tx` run in float32 on parameters of any dtype: its state (Adam's moments) is float32,
-  the updates are cast back to each parameter's dtype."""
-  up = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)
-
-  def update(updates, state, params=None):
-    new, state = tx.update(up(updates), state, None if params is None else up(params))
-    return jax.tree.map(lambda n, u: n.astype(u.dtype), new, updates), state
-
-  return optax.GradientTransformation(lambda params: tx.init(up(params)), update)
-
-
 def optimizer() -> optax.GradientTransformation:
-  """xlt's AdamW (clipping, weight decay on matrices) with float32 moments."""
+  """xlt's AdamW (clipping, weight decay on matrices) with float32 moments (opt.state_dtype)."""
   c = ml_collections.ConfigDict(dict(name="adamw", schedule="cosine", peak_lr=1e-5, warmup_steps=10,
-                                     total_steps=1000, b1=0.9, b2=0.95, weight_decay=0.0, clip=1.0))
-  return fp32_adam(train_lib.make_optimizer(c))
+                                     total_steps=1000, b1=0.9, b2=0.95, weight_decay=0.0, clip=1.0,
+                                     state_dtype="float32"))
+  return train_lib.make_optimizer(c)
 
 
 def recipes(cfg: model.Config, shapes, rank: int) -> dict:

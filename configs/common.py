@@ -33,9 +33,11 @@ def train(**overrides) -> ml_collections.ConfigDict:
 
 
 def opt(train_config: ml_collections.ConfigDict, **overrides) -> ml_collections.ConfigDict:
-  """AdamW; the schedule's length follows train.steps unless total_steps is given."""
+  """AdamW; the schedule's length follows train.steps unless total_steps is given.
+  state_dtype: the optimizer state's dtype ("" = the parameters'; "float32": fp32 Adam moments
+  for bf16 parameters, xlt.train.with_state_dtype)."""
   c = _dict(dict(name="adamw", schedule="cosine", peak_lr=3e-3, warmup_steps=100, total_steps=0,
-                 b1=0.9, b2=0.95, weight_decay=0.1, clip=1.0), overrides)
+                 b1=0.9, b2=0.95, weight_decay=0.1, clip=1.0, state_dtype=""), overrides)
   if "total_steps" not in overrides:
     c.total_steps = train_config.get_ref("steps")
   return c

@@ -3,8 +3,10 @@ directory (Llama, Mistral, Qwen, Gemma, GPT-2; configs/llama_base.py makes one w
 download), a task expert and a language expert fine-tuned on your jsonl files
 (prompt/completion or chat messages, each with a validation split and early stopping on its
 loss), the partial experts of a frozen partition
-([A] / [C] scaled to the depth, or declared rules), optionally simultaneous alternation and
-LoRA, then freeze-then-train, train-then-revert and the merges of `merges`:
+([A] / [C] scaled to the depth, or declared rules), optionally simultaneous alternation,
+LoRA (full, partial, simultaneous; LoRA freeze-then-train and layer swaps) and trained
+neurons (xlt.experiments.finetune_peft), then freeze-then-train, train-then-revert and the
+merges of `merges`:
 
   python -m xlt.main --config=configs/finetune.py --workdir=runs/ft \\
       --config.base=path/to/Llama-3.2-1B \\
@@ -32,13 +34,16 @@ def get_config():
   c.task = "finetune"
   c.seed = 0
   c.base = ""  # a Hugging Face model directory (config.json, safetensors, tokenizer)
-  c.dtype = ""  # the parameters' and computation's dtype: "" = the checkpoint's
+  c.dtype = ""  # the computation's dtype (and the parameters', unless param_dtype): "" = the checkpoint's
+  # the parameters' dtype: "" = dtype's (set alone, both); dtype=bfloat16 param_dtype=float32: bf16 compute
+  c.param_dtype = ""
   # jsonl files of {"prompt", "completion"} or {"messages"} (xlt.data.sft); loss on the responses
   c.data = ml_collections.ConfigDict(dict(task="", language="", block_size=512, val_fraction=0.05, seed=0,
                                           packing=True))
   # early stopping on minus the validation loss: a gain counts from min_delta = 0
   c.train = common.train(batch_size=8, steps=1000, eval_every=50, patience=3, min_delta=0.0, checkpoint_every=100,
                          log_every=10)
+  # opt.state_dtype="float32": Adam's moments in float32 for bfloat16 parameters (every stage's optimizer)
   c.opt = common.opt(c.train, peak_lr=1e-5, warmup_steps=20, weight_decay=0.0)
   # True: every weight recipe in one ensemble (one compiled step, E models' memory on the
   # device); False: one recipe after another (one model's memory)
@@ -50,10 +55,21 @@ def get_config():
                                                head="language", rules=ml_collections.ConfigDict(), rest=""))
   # the two datasets take turns (K steps each), each training its label of the partition
   c.simultaneous = ml_collections.ConfigDict(dict(presets=(), steps_per_switch=(1,)))
-  c.lora = ml_collections.ConfigDict(dict(enabled=False, rank=8, alpha=16.0))
+  # LoRA experts (adapters on every attn / mlp projection, the base frozen); with presets (partitions of
+  # c.partition) the partial LoRA experts train only their label's adapters, simultaneous_presets
+  # alternate the datasets (steps_per_switch steps each, each its label's adapters); LoRA
+  # freeze-then-train per preset; swaps: LoRA layer swaps "bottom,top,transition"
+  c.lora = ml_collections.ConfigDict(dict(enabled=False, rank=8, alpha=16.0, presets=(), simultaneous_presets=(),
+                                          steps_per_switch=(1,), swaps=()))
   c.lora.train = common.train(batch_size=8, steps=1000, eval_every=50, patience=3, min_delta=0.0,
                               checkpoint_every=100, log_every=10)
   c.lora.opt = common.opt(c.lora.train, peak_lr=2e-4, warmup_steps=20, weight_decay=0.0)
+  # trained neurons: a short run per dataset of `experts` locates its top key_ratio rows (neurons) by
+  # change; "neuron <dataset> expert" then fine-tunes the base on those rows only (c.train, c.opt)
+  c.neurons = ml_collections.ConfigDict(dict(enabled=False, key_ratio=0.05, experts=("task",)))
+  c.neurons.short = ml_collections.ConfigDict()
+  c.neurons.short.train = common.train(batch_size=8, steps=100, eval_every=100, checkpoint_every=100, log_every=10)
+  c.neurons.short.opt = common.opt(c.neurons.short.train, peak_lr=1e-5, warmup_steps=10, weight_decay=0.0)
   # any method of xlt.merge.registry over task_expert, language_expert, experts, base
   # (python -m xlt.merge --list_methods), each "method option=value ..."
   c.merges = ("layer_swap bottom=1 top=1", "ties density=0.5")

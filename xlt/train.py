@@ -45,8 +45,34 @@ def make_schedule(c) -> optax.Schedule:
   raise ValueError(f"unknown opt.schedule {c.schedule!r}; expected cosine, linear or constant")
 
 
+def with_state_dtype(tx, dtype: str | None) -> optax.GradientTransformationExtraArgs:
+  """`tx` run in `dtype` (e.g. "float32") on parameters of any dtype: its state (Adam's
+  moments) is `dtype`, the gradients and parameters are cast to it before `tx` and the
+  updates back to each parameter's dtype (bf16 parameters, fp32 moments). Extra update
+  arguments (a gated optimizer's `trainable=`, a neuron mask) pass through. None or "":
+  `tx` itself, its state in the parameters' dtype."""
+  if not dtype:
+    return tx
+  try:
+    dt = jnp.dtype(dtype)
+  except TypeError:
+    dt = None
+  if dt is None or not jnp.issubdtype(dt, jnp.floating):
+    raise ValueError(f"opt.state_dtype must be a float dtype (float32, bfloat16, ...), got {dtype!r}")
+  tx = optax.with_extra_args_support(tx)
+  cast = lambda tree: jax.tree.map(lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+  def update(updates, state, params=None, **extra):
+    new, state = tx.update(cast(updates), state, None if params is None else cast(params), **extra)
+    return jax.tree.map(lambda n, u: n.astype(u.dtype), new, updates), state
+
+  return optax.GradientTransformationExtraArgs(lambda params: tx.init(cast(params)), update)
+
+
 def make_optimizer(c) -> optax.GradientTransformation:
-  """AdamW (or Adam/SGD) with global-norm clipping; `c` is the `opt` config."""
+  """AdamW (or Adam/SGD) with global-norm clipping; `c` is the `opt` config. `c.state_dtype`
+  ("" by default: the parameters' dtype) runs it in another dtype (`with_state_dtype`:
+  "float32" keeps Adam's moments in float32 for bf16 parameters)."""
   lr = make_schedule(c)
   if c.name == "adamw":
     opt = optax.adamw(lr, b1=c.b1, b2=c.b2, weight_decay=c.weight_decay,
@@ -57,7 +83,8 @@ def make_optimizer(c) -> optax.GradientTransformation:
     opt = optax.sgd(lr, momentum=c.get("momentum", 0.9))
   else:
     raise ValueError(f"unknown opt.name {c.name!r}; expected adamw, adam or sgd")
-  return optax.chain(optax.clip_by_global_norm(c.clip), opt) if c.clip else opt
+  tx = optax.chain(optax.clip_by_global_norm(c.clip), opt) if c.clip else opt
+  return with_state_dtype(tx, c.get("state_dtype"))
 
 
 def loss_sums(cfg: model_lib.Config, params, batch, dropout_rng=None) -> tuple[jax.Array, jax.Array]:

@@ -9,11 +9,14 @@ files (xlt.data.sft), then composed and merged as the papers do (configs/finetun
                experts of each partition (the other label frozen), simultaneous alternation
                between the two datasets (the resting label frozen). All of them in one
                ensemble under one gated optimizer (`c.together`, as the testbed does) or one
-               stage each; then the LoRA experts (`c.lora`). Every member stops early on its
-               validation loss and keeps its best parameters;
+               stage each; then the parameter-efficient recipes (finetune_peft): the LoRA
+               experts, partial and simultaneous LoRA (`c.lora`), trained neurons
+               (`c.neurons`). Every member stops early on its validation loss and keeps its
+               best parameters;
   3. outputs   what is built without training: freeze-then-train and train-then-revert per
-               partition, and each merge of `c.merges` ("method option=value ...", any method
-               of xlt.merge.registry over the experts and the base); every model written as a
+               partition, LoRA freeze-then-train and LoRA layer swaps (finetune_peft), and
+               each merge of `c.merges` ("method option=value ...", any method of
+               xlt.merge.registry over the experts and the base); every model written as a
                Hugging Face directory (workdir/models/<name>) and scored: its validation loss
                on each dataset and, with `c.eval.prompts`, greedy exact match.
 
@@ -32,7 +35,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from xlt import hf_tokenizer, lm, lora, memory, merge, partition, pretrained, sharding
+from xlt import composite, hf_tokenizer, lm, memory, merge, partition, pretrained, sharding
 from xlt import ensemble as ensemble_lib
 from xlt import generate as generate_lib
 from xlt import loop as loop_lib
@@ -41,6 +44,7 @@ from xlt import results as results_lib
 from xlt import train as train_lib
 from xlt.data import sft
 from xlt.experiments import common as kind_lib
+from xlt.experiments import finetune_peft, testbed_peft
 
 ALL = None  # a phase that trains every parameter
 DATASETS = ("task", "language")
@@ -52,7 +56,8 @@ MERGE_INPUTS = ("task_expert", "language_expert", "experts", "base")
 class Recipe:
   """A trained recipe: per phase a dataset and what it trains (ALL, or a (partition, label)
   pair); phases take turns `steps_per_phase` steps each. It stops early on the mean validation
-  loss over `val`. `lora` trains adapters on every projection instead of the weights."""
+  loss over `val`. `lora` trains adapters on the projections instead of the weights (those
+  of the phase's label only, when it names one)."""
 
   name: str
   phases: tuple[tuple[str, tuple[str, str] | None], ...]
@@ -69,19 +74,26 @@ def partitions(c) -> list[str]:
 
 def plan(c) -> list[Recipe]:
   """The trained recipes: the two full experts, the partial experts of each partition, the
-  simultaneous alternations (per partition and switch interval), the LoRA experts."""
-  out = [Recipe("task expert", (("task", ALL),), ("task",)),
-         Recipe("language expert", (("language", ALL),), ("language",))]
-  for p in partitions(c):
-    out += [Recipe(f"partial task expert [{p}]", (("task", (p, "task")),), ("task",)),
-            Recipe(f"partial language expert [{p}]", (("language", (p, "language")),), ("language",))]
-  for p in c.simultaneous.presets:
-    for k in c.simultaneous.steps_per_switch:
-      out.append(Recipe(f"simultaneous [{p}] k={k}", (("task", (p, "task")), ("language", (p, "language"))),
-                        DATASETS, int(k)))
+  simultaneous alternations (per partition and switch interval), and with `c.lora.enabled`
+  the same in LoRA ("LoRA task expert", "partial LoRA task expert [C]", "simultaneous LoRA
+  [C] k=1") over `c.lora.presets` and `c.lora.simultaneous_presets`."""
+  out = _recipes("", partitions(c), c.simultaneous.presets, c.simultaneous.steps_per_switch)
   if c.lora.enabled:
-    out += [Recipe("LoRA task expert", (("task", ALL),), ("task",), lora=True),
-            Recipe("LoRA language expert", (("language", ALL),), ("language",), lora=True)]
+    out += _recipes("LoRA ", c.lora.presets, c.lora.simultaneous_presets, c.lora.steps_per_switch, lora=True)
+  return out
+
+
+def _recipes(prefix: str, presets, simultaneous, steps_per_switch, lora: bool = False) -> list[Recipe]:
+  out = [Recipe(f"{prefix}task expert", (("task", ALL),), ("task",), lora=lora),
+         Recipe(f"{prefix}language expert", (("language", ALL),), ("language",), lora=lora)]
+  for p in presets:
+    out += [Recipe(f"partial {prefix}task expert [{p}]", (("task", (p, "task")),), ("task",), lora=lora),
+            Recipe(f"partial {prefix}language expert [{p}]", (("language", (p, "language")),), ("language",),
+                   lora=lora)]
+  for p in simultaneous:
+    for k in steps_per_switch:
+      out.append(Recipe(f"simultaneous {prefix}[{p}] k={k}", (("task", (p, "task")), ("language", (p, "language"))),
+                        DATASETS, int(k), lora=lora))
   return out
 
 
@@ -140,6 +152,7 @@ def check(c, num_layers: int):
     if method == "layer_swap":
       merge.swap_plan(num_layers, options["bottom"], options["top"], options.get("lower_transition", 0),
                       options.get("upper_transition", 0))
+  finetune_peft.check(c, num_layers, partitions(c))
 
 
 def slug(name: str) -> str:
@@ -167,7 +180,9 @@ class Prep:
 def prepare(c, workdir: str) -> Prep:
   """Loads the base and the data, checks the config, estimates the memory."""
   del workdir
-  cfg, params = pretrained.load(c.base, dtype=c.dtype or None)
+  cfg, params = pretrained.load(c.base, dtype=c.get("param_dtype") or c.dtype or None)
+  if c.dtype and c.dtype != cfg.dtype:  # computation in c.dtype on parameters in c.param_dtype
+    cfg = dataclasses.replace(cfg, dtype=c.dtype)
   base = jax.tree.map(np.asarray, params)
   check(c, cfg.num_layers)
   if c.data.block_size > cfg.block_size:
@@ -248,13 +263,19 @@ def _flags(prep: Prep, c, what) -> tuple[bool, ...]:
 
 def stages(c, prep: Prep, trained: dict):
   """The weight recipes in one ensemble (`c.together`) or one stage each, then the LoRA
-  recipes in one ensemble."""
-  del trained
+  recipes in one ensemble, then the trained neurons' short runs and experts (finetune_peft)."""
   weights = [r for r in prep.recipes if not r.lora]
   for group in ([weights] if c.together else [[r] for r in weights]):
     yield _weights_stage(c, prep, group, "finetune" if c.together else f"finetune_{slug(group[0].name)}")
+  peft_val = lambda member_sets: val_score(c, prep, member_sets, plain=testbed_peft.plain)
   if lora_recipes := [r for r in prep.recipes if r.lora]:
-    yield _lora_stage(c, prep, lora_recipes)
+    yield finetune_peft.lora_stage(c, prep, lora_recipes, lambda what: _flags(prep, c, what), peft_val,
+                                   _loop_config(c, c.lora.train, c.lora.opt))
+  if c.neurons.enabled:
+    n = c.neurons
+    yield finetune_peft.neuron_short_stage(c, prep, _loop_config(c, n.short.train, n.short.opt))
+    yield finetune_peft.neuron_stage(c, prep, trained["neuron_short"].params, peft_val,
+                                     _loop_config(c, c.train, c.opt))
 
 
 def _weights_stage(c, prep: Prep, recipes: list[Recipe], name: str) -> kind_lib.Stage:
@@ -267,40 +288,25 @@ def _weights_stage(c, prep: Prep, recipes: list[Recipe], name: str) -> kind_lib.
         flush=True)
   return kind_lib.Stage(name, prep.cfg, members, val_score(c, prep, [r.val for r in recipes]),
                         config=_loop_config(c, c.train, c.opt), init_params=_stack([prep.base] * len(recipes)),
-                        tx=partition.gated_optimizer(c.opt, prep.cell_tree, prep.cells),
+                        tx=train_lib.with_state_dtype(partition.gated_optimizer(c.opt, prep.cell_tree, prep.cells),
+                                                      c.opt.state_dtype),
                         info={"recipes": [r.name for r in recipes]})
-
-
-def _plain(stacked):
-  """Stacked LoRA composites as stacked plain parameters (the adapters merged in)."""
-  return jax.jit(jax.vmap(lora.merged))(stacked)
-
-
-def _lora_stage(c, prep: Prep, recipes: list[Recipe]) -> kind_lib.Stage:
-  """LoRA experts: adapters on every attention and MLP projection, the base frozen."""
-  members, init = [], []
-  for i, r in enumerate(recipes):
-    members.append(loop_lib.Member(r.name, c.seed + 2000 + i, tuple(prep.data[d].train for d, _ in r.phases)))
-    init.append({"base": prep.base, "lora": lora.init(prep.base, jax.random.key(c.seed + 3000 + i),
-                                                      rank=c.lora.rank, alpha=c.lora.alpha)})
-  print(f"finetune: stage lora: {', '.join(r.name for r in recipes)}, rank {c.lora.rank}, "
-        f"{lora.num_params(init[0]['lora']):,} adapter parameters per model", flush=True)
-  return kind_lib.Stage("lora", prep.cfg, members, val_score(c, prep, [r.val for r in recipes], plain=_plain),
-                        config=_loop_config(c, c.lora.train, c.lora.opt), init_params=_stack(init),
-                        info={"recipes": [r.name for r in recipes], "lora": True})
 
 
 # --------------------------------------------------------------------------- outputs
 
 
 def models(c, prep: Prep, trained: dict) -> dict:
-  """Every model by name (table order): the trained recipes (LoRA merged into the base), the
-  compositions of each partition and the merges."""
+  """Every model by name (table order): the trained recipes (LoRA merged into the base, a
+  neuron expert's params), the compositions of each partition, the LoRA compositions
+  (finetune_peft) and the merges."""
   out = {}
   for t in trained.values():
-    for k, name in enumerate(t.stage.info["recipes"]):
-      one = _member(t.params, k)
-      out[name] = jax.tree.map(np.asarray, lora.merged(one)) if t.stage.info.get("lora") else one
+    if t.stage.info.get("lora"):
+      out.update(finetune_peft.lora_models(c, prep, t))
+      continue
+    for k, name in enumerate(t.stage.info.get("recipes", ())):  # (none: the neurons' short runs)
+      out[name] = jax.tree.map(np.asarray, composite.merged(_member(t.params, k)))
   task, lang = out["task expert"], out["language expert"]
   for p in partitions(c):
     # each partial expert changed only its own label, so taking each label from its expert
@@ -362,7 +368,7 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
              "memory_per_model": {k: prep.estimate[k] for k in (*memory.PARTS, "total")},
              "partition_summary": {p: partition.summary(t, prep.base) for p, t in prep.labels.items()},
              "best_steps": {n: s for t in trained.values()
-                            for n, s in zip(t.stage.info["recipes"], t.out["best_steps"])}}
+                            for n, s in zip(t.stage.info.get("recipes", ()), t.out.get("best_steps", ()))}}
   return rows, _table(c, scores, dirs), summary
 
 
