@@ -56,6 +56,10 @@ def get_config():
   c.finetune.train = common.train(batch_size=32, steps=800, eval_every=100, patience=3, min_steps=400,
                                   checkpoint_every=200)
   c.finetune.opt = common.opt(c.finetune.train, peak_lr=3e-4, warmup_steps=50)
+  # replay: each fine-tuning set of n examples gets round(replay * n) examples of the base's data
+  # (drawn once, seeded) so experts keep the base's abilities; applies to the full, LoRA and
+  # trained-neuron fine-tunes alike. 0: none
+  c.finetune.replay = 0.0
 
   # presets of the modular-training paper (section 3.3), [C] bottom 6 / top 2 of 32 layers
   # scaled to 6 blocks; embeddings and head belong to the language partition

@@ -10,7 +10,7 @@ import pytest
 from configs import merge as merge_config
 from xlt import model, partition, runner
 from xlt.data import arithmetic
-from xlt.experiments import testbed
+from xlt.experiments import testbed, testbed_plan
 
 
 @pytest.fixture
@@ -54,16 +54,25 @@ def test_testbed_writes_every_method_and_resumes(tiny, tmp_path):
   for m in methods:
     got = {(r["role"], r["metric"]) for r in rows if r["condition"] == m}
     assert got == {("goal", "exact_match"), ("goal", "any_script"), ("task", "exact_match"),
-                   ("language", "exact_match")}
+                   ("language", "exact_match"), ("source_language", "exact_match")}
   for r in rows:
     assert r["seeds"] == 2 and all(0 <= v <= 1 for v in r["values"])
-    assert r["language"] == ("standard" if r["role"] == "task" else "letter")
+    assert r["language"] == ("standard" if r["role"] in ("task", "source_language") else "letter")
+    assert r["ci95"] is not None and r["ci95"] >= 0
+    if (r["role"], r["metric"]) == ("goal", "exact_match"):
+      assert r["vs_best_expert"]["expert"] in ("task expert", "language expert") and "retention" in r
+  retained = {r["condition"]: set(r["retention"]["sets"]) for r in rows if "retention" in r}
+  base_scores = {r["role"]: r["mean"] for r in rows if r["condition"] == "base" and r["metric"] == "exact_match"}
+  for name, untrained in (("task expert", {"language", "source_language"}), ("language expert", {"source_language"}),
+                          ("source-language expert", {"language"}), ("soup", {"language", "source_language"})):
+    assert retained[name] == {s for s in untrained if base_scores[s] > 0}, name
   for name in ("table.md", "summary.json", "results.csv", "delta_task_expert.png", "delta_language_expert.png",
                "predictions.jsonl"):
     assert (tmp_path / name).exists(), name
   summary = json.load(open(tmp_path / "summary.json"))
   assert summary["members"] == {"base": 2, "finetune": 32, "lora": 2 * 5, "maet_neurons": 4}
-  assert "| layer swap b=1 u=1 t=0 |" in (tmp_path / "table.md").read_text()
+  table = (tmp_path / "table.md").read_text()
+  assert "| layer swap b=1 u=1 t=0 |" in table and "| goal − best expert |" in table and "| retention |" in table
   assert runner.run(tiny, str(tmp_path), progress=False) == rows  # finished: reused
 
 
@@ -128,3 +137,40 @@ def test_arithmetic_problems():
     arithmetic.train_problems("succ", "standard", 900, ac)
   with pytest.raises(ValueError, match="unknown operation"):
     arithmetic.make_example("mul", 1, 2, "standard")
+
+
+def test_plan_lists_every_trained_recipe_once_with_its_variant(tiny):
+  recipes = testbed_plan.plan(tiny)
+  assert len({r.name for r in recipes}) == len(recipes)
+  assert [r.name for r in recipes if r.variant == "full"] == [r.name for r in testbed.plan(tiny)]
+  assert [r.name for r in testbed_plan.plan(tiny, "lora")] == [
+      "LoRA task expert", "LoRA language expert", "partial LoRA task expert [C]", "partial LoRA language expert [C]",
+      "simultaneous LoRA [C] k=1"]
+  assert [r.name for r in testbed_plan.plan(tiny, "neurons")] == [
+      "MAET short task", "MAET short source_language", "MAET ability model (trained neurons)",
+      "MAET source model (trained neurons)"]
+  assert testbed.plan(tiny)[3].trained_on == ("task", "language")  # data mixing
+  tiny.lora.enabled = tiny.maet_neurons.enabled = False
+  assert {r.variant for r in testbed_plan.plan(tiny)} == {"full"}
+  assert testbed_plan.swaps(("1,1,0", "2,0,1"), "merge.swaps") == [(1, 1, 0), (2, 0, 1)]
+  with pytest.raises(ValueError, match=r"lora.swaps entry '1,1' is not 'bottom,top,transition'"):
+    testbed_plan.swaps(("1,1",), "lora.swaps")
+
+
+def test_replay_adds_a_fixed_share_of_the_base_data(tiny):
+  plain = testbed.datasets(tiny)
+  assert tiny.finetune.replay == 0.0
+  for name in ("base", "task", "language", "source_language"):  # replay 0: the mixtures as they were
+    assert plain[name] == arithmetic.mixture(tiny.data[name], tiny.arithmetic), name
+  assert plain["mixed"] == plain["task"] + plain["language"]
+  tiny.finetune.replay = 0.25
+  got = testbed.datasets(tiny)
+  assert got["base"] == plain["base"]
+  base = set(plain["base"])
+  for name in ("task", "language", "source_language", "mixed"):
+    n = len(plain[name])
+    assert got[name][:n] == plain[name], name
+    added = got[name][n:]
+    assert len(added) == round(0.25 * n) and set(added) <= base, name
+  assert testbed.datasets(tiny) == got  # seeded: the same examples every time
+  assert testbed_plan.replay(list(range(3)), ["b"], 2.0, 0) == [0, 1, 2] + ["b"] * 6  # more than the base has

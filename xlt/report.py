@@ -12,6 +12,10 @@
   measurements: [{key, label, summary (in the results table), reference, xlt, measured?, also?}]
     reference, xlt: {mean, std, seeds, values (per seed), decimals, alone: {the same}} or null;
     "alone" is the baseline a mixed figure is compared with (lang 2 alone, limited data);
+    optional in xlt: ci (half-width of the 95% t interval over seeds), and for a paired
+    difference (the merge testbed's goal - best expert) low, high (its interval) and sign
+    ("+" / "-": the interval lies above / below 0, shown as ▲ / ▼); files without them
+    render as before;
     also: [{label, xlt}] more figures of the same model (the merge testbed's columns).
 Figures are as written when they were measured: xlt's mean and std print with `decimals`
 (2 unless given), reference figures and per-seed values as stored. A measurement's own
@@ -85,14 +89,18 @@ def _num(x) -> str:
 
 
 def _stat(s: dict | None) -> str:
-  """mean ± std, the mean with the figure's decimals (a reference's as stored)."""
+  """mean ± std, the mean with the figure's decimals (a reference's as stored); then, where
+  stored, the 95% interval: "(95% CI ± h)" of a mean, or a paired difference's
+  "+d [low, high]" with ▲ / ▼ where it excludes 0."""
   if s is None or s.get("mean") is None:
     return "–"
   d = s.get("decimals", 2)
-  mean = _num(s["mean"]) if d is None else f"{s['mean']:.{d}f}"
-  if s.get("std") is None:
-    return mean
-  return f"{mean} ± {_num(s['std']) if d is None else format(s['std'], f'.{d}f')}"
+  f = lambda x: _num(x) if d is None else f"{x:.{d}f}"
+  if s.get("low") is not None and s.get("high") is not None:  # a paired difference
+    return (f"{'+' if s['mean'] >= 0 else ''}{f(s['mean'])} [{f(s['low'])}, {f(s['high'])}]"
+            + {"+": " ▲", "-": " ▼"}.get(s.get("sign", ""), ""))
+  out = f(s["mean"]) if s.get("std") is None else f"{f(s['mean'])} ± {f(s['std'])}"
+  return out + (f" (95% CI ± {f(s['ci'])})" if s.get("ci") is not None else "")
 
 
 def _pair(s: dict | None) -> str:
@@ -267,6 +275,21 @@ def _point(row: dict) -> str:
 def _stats(row: dict, scale: float) -> dict:
   out = {"mean": round(row["mean"] * scale, 2), "std": round(row["std"] * scale, 2) if row["seeds"] > 1 else None,
          "seeds": row["seeds"], "values": [round(v * scale, 2) for v in row["values"]]}
+  if row.get("ci95") is not None:  # the merge testbed's rows: the 95% t interval's half-width
+    out["ci"] = round(row["ci95"] * scale, 2)
+  return out
+
+
+def _versus(row: dict) -> dict | None:
+  """A testbed goal row's paired difference to the best expert, in points, or None."""
+  v = row.get("vs_best_expert")
+  if not v or v.get("expert") == row["condition"]:
+    return None
+  out = {"mean": round(v["mean"] * 100, 2), "seeds": len(v["values"]), "values": [round(x * 100, 2) for x in
+                                                                                 v["values"]]}
+  if v.get("ci95") is not None:
+    out.update(ci=round(v["ci95"] * 100, 2), low=round(v["low"] * 100, 2), high=round(v["high"] * 100, 2),
+               sign=v["sign"])
   return out
 
 
@@ -301,7 +324,8 @@ def _transfer(rows: list[dict], metric: str, scale: float) -> list[dict]:
 
 
 def _testbed(rows: list[dict]) -> list[dict]:
-  """The merge testbed: one measurement per model, its goal score first, the other columns after."""
+  """The merge testbed: one measurement per model, its goal score first, the other columns after
+  (and, from rows that have them, the goal's difference to the best expert and retention)."""
   find = {(r["condition"], r["role"], r["metric"]): r for r in rows}
   out = []
   for name in dict.fromkeys(r["condition"] for r in rows):
@@ -310,9 +334,15 @@ def _testbed(rows: list[dict]) -> list[dict]:
       continue
     also = [(label, find.get(k)) for label, k in (("any script", (name, "goal", "any_script")),
                                                   ("task", (name, "task", "exact_match")),
-                                                  ("language", (name, "language", "exact_match")))]
+                                                  ("language", (name, "language", "exact_match")),
+                                                  ("source language", (name, "source_language", "exact_match")))]
+    also = [{"label": l, "xlt": _stats(r, 100)} for l, r in also if r]
+    if _versus(goal):
+      also.append({"label": f"goal − {goal['vs_best_expert']['expert']}", "xlt": _versus(goal)})
+    if (goal.get("retention") or {}).get("value") is not None:
+      also.append({"label": "retention", "xlt": {"mean": round(goal["retention"]["value"] * 100, 1), "decimals": 1}})
     out.append({"key": name, "label": f"{name}: goal", "summary": name == "task expert",
-                "xlt": _stats(goal, 100), "also": [{"label": l, "xlt": _stats(r, 100)} for l, r in also if r]})
+                "xlt": _stats(goal, 100), "also": also})
   return out
 
 

@@ -5,16 +5,19 @@ The data flow, one stage per step, every stage an ensemble over seeds:
 
   1. base        trained from scratch on the non-task operations in both languages
                  (workdir/base);
-  2. fine-tunes  every recipe (`plan`) from its seed's base, all recipes and seeds in ONE
+  2. fine-tunes  every recipe (testbed_plan.plan: what each trains on, and `finetune.replay`
+                 of the base's data) from its seed's base, all recipes and seeds in ONE
                  ensemble: partition recipes (a frozen partition, partitions taking turns)
                  run under one gated optimizer, so a member's recipe is data (workdir/finetune);
   3. models      per seed, the trained models plus what is built from them without training:
                  freeze-then-train and train-then-revert compositions, layer swaps, soups,
                  task arithmetic, TIES, DARE, MAET (`compose`; xlt.merge and xlt.partition);
   4. scores      every model greedily decoded on the goal (the task in the target language,
-                 on which nothing trained), the task in the source language, and the target
-                 language's other operations; results rows, table.md, and the heatmaps of
-                 where each expert changed (delta_<expert>.png).
+                 on which nothing trained), the task in the source language, and the other
+                 operations in the target and in the source language; results rows and
+                 table.md with 95% intervals over seeds, paired differences to the best expert
+                 and retention (testbed_report), and the heatmaps of where each expert changed
+                 (delta_<expert>.png).
 
 As a kind of xlt.runner, stages 1 and 2 (and testbed_peft's LoRA and trained-neuron stages
 after them) are `stages`, which the runner trains one after another; 3 and 4 are `outputs`.
@@ -42,41 +45,18 @@ from xlt import partition
 from xlt import results as results_lib
 from xlt.data import arithmetic, common
 from xlt.experiments import common as kind_lib
-from xlt.experiments import testbed_peft
+from xlt.experiments import testbed_peft, testbed_plan, testbed_report
+from xlt.experiments.testbed_plan import ALL, Recipe
 
-ALL = None  # a phase that trains every parameter
 # the merge registry's inputs the testbed has (compose fills each): checked before training
 MERGE_INPUTS = ("task_expert", "language_expert", "experts", "base", "ability_model", "source_language_model",
                 "target_language_models")
 
 
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-  """A fine-tuning recipe: per phase, a dataset and what it trains (ALL, or a (preset,
-  label) partition); phases take turns `steps_per_phase` steps each. `val` names the
-  roles whose validation sets pick its best checkpoint."""
-
-  name: str
-  phases: tuple[tuple[str, tuple[str, str] | None], ...]
-  val: tuple[str, ...]
-  steps_per_phase: int = 1
-
-
 def plan(c) -> list[Recipe]:
-  """The stage-2 recipes of the config: experts, data mixing, partial experts per
-  partition preset, and simultaneous partition training per preset and switch interval."""
-  recipes = [Recipe("task expert", (("task", ALL),), ("task",)),
-             Recipe("language expert", (("language", ALL),), ("language",)),
-             Recipe("source-language expert", (("source_language", ALL),), ("source_language",)),
-             Recipe("data mixing", (("mixed", ALL),), ("task", "language"))]
-  for p in c.partition.presets:
-    recipes += [Recipe(f"partial task expert [{p}]", (("task", (p, "task")),), ("task",)),
-                Recipe(f"partial language expert [{p}]", (("language", (p, "language")),), ("language",))]
-  for p in c.simultaneous.presets:
-    for k in c.simultaneous.steps_per_switch:
-      recipes.append(Recipe(f"simultaneous [{p}] k={k}", (("task", (p, "task")), ("language", (p, "language"))),
-                            ("task", "language"), int(k)))
-  return recipes
+  """The stage-2 recipes (the full fine-tunes, in member order) of testbed_plan.plan, which
+  lists every trained recipe of every stage."""
+  return testbed_plan.plan(c, "full")
 
 
 def roles(c) -> dict[str, list[str]]:
@@ -93,7 +73,9 @@ def roles(c) -> dict[str, list[str]]:
 
 def datasets(c) -> dict[str, list[common.Example]]:
   """The training sets by name: mixtures [(operation, language, count), ...] of the config, and
-  `mixed` = task + language (data mixing)."""
+  `mixed` = task + language (data mixing). With `finetune.replay` = r > 0 each fine-tuning set
+  (task, language, source_language, mixed) of n examples gets round(r n) examples of the base's
+  data after it, drawn once with the data's seed (testbed_plan.with_replay)."""
   for name in ("task", "language", "source_language"):
     for op, lang, _ in c.data[name]:
       if (name == "task") != (op == c.task_op) or lang != (c.languages.target if name == "language"
@@ -105,7 +87,7 @@ def datasets(c) -> dict[str, list[common.Example]]:
     raise ValueError(f"data.base holds the task operation {c.task_op!r}: the base must not learn it")
   out = {k: arithmetic.mixture(c.data[k], c.arithmetic) for k in ("base", "task", "language", "source_language")}
   out["mixed"] = out["task"] + out["language"]
-  return out
+  return testbed_plan.with_replay(out, c.finetune.get("replay", 0.0), int(c.arithmetic.seed))
 
 
 # --------------------------------------------------------------------------- stage 3
@@ -148,7 +130,7 @@ def merges(c, seed: int = 0) -> list[tuple[str, str, dict]]:
   m = c.merge
   out = [(f"layer swap b={b} u={u} t={t}", "layer_swap",
           dict(bottom=b, top=u, lower_transition=t, upper_transition=t, non_block=m.non_block))
-         for b, u, t in _swaps(c)]
+         for b, u, t in testbed_plan.swaps(c.merge.swaps, "merge.swaps")]
   out += [("soup", "soup", {}), ("soup (magnitude)", "soup", {"weights": "magnitude"})]
   out += [(f"task arithmetic λ={lam}", "task_arithmetic", {"lambdas": float(lam)}) for lam in m.task_arithmetic]
   # TIES in the rule its recorded results were made with (xlt.merge.combine.ties: convention)
@@ -167,24 +149,13 @@ def _check_merges(c):
     merge.registry.check_among(method, options, MERGE_INPUTS, label)
 
 
-def _swaps(c) -> list[tuple[int, int, int]]:
-  out = []
-  for spec in c.merge.swaps:
-    try:
-      b, u, t = (int(x) for x in str(spec).split(","))
-    except ValueError:
-      raise ValueError(f"merge.swaps entry {spec!r} is not 'bottom,top,transition'") from None
-    out.append((b, u, t))
-  return out
-
-
 def check(c, num_layers: int):
   """Fails on a config that could not finish, before anything trains: partition presets and
   layer swaps that do not fit the model, unknown presets in the simultaneous recipes."""
   for p in set(c.partition.presets) | set(c.simultaneous.presets):
     partition.preset_rules(p, num_layers, c.partition.bottom, c.partition.top,
                            c.partition.embeddings, c.partition.head)
-  for b, u, t in _swaps(c):
+  for b, u, t in testbed_plan.swaps(c.merge.swaps, "merge.swaps"):
     merge.swap_plan(num_layers, b, u, t, t)
   _check_merges(c)
   if not c.simultaneous.steps_per_switch or min(c.simultaneous.steps_per_switch) < 1:
@@ -211,8 +182,9 @@ def _member(stacked, i):
 
 @dataclasses.dataclass(frozen=True)
 class Prep:
-  """What `prepare` built: the seeds, the evaluation sets of each role, the recipes, the
-  model, the task (tokenizer and evaluation sets) and the encoded training sets by name."""
+  """What `prepare` built: the seeds, the evaluation sets of each role, every recipe of every
+  stage (testbed_plan.plan), the model, the task (tokenizer and evaluation sets) and the
+  encoded training sets by name."""
 
   seeds: list[int]
   sets: dict[str, list[str]]
@@ -221,13 +193,17 @@ class Prep:
   task: common.Task
   data: dict[str, dict[str, np.ndarray]]
 
+  def of(self, variant: str) -> list[Recipe]:
+    """The recipes of one variant ("full", "lora", "neurons"), in member order."""
+    return [r for r in self.recipes if r.variant == variant]
+
 
 def prepare(c, workdir: str) -> Prep:
   """Checks the config against the model and builds the problem sets (in memory)."""
   del workdir
   seeds = kind_lib.condition_seeds(c, "all")
   sets = roles(c)
-  recipes = plan(c)
+  recipes = testbed_plan.plan(c)
   tok = common.WordTokenizer(arithmetic.symbols())
   seq_len = arithmetic.max_length(c.arithmetic.max_digits)
   cfg = model_lib.config_from(c.model.to_dict(), tok.vocab_size)
@@ -260,9 +236,9 @@ def stages(c, prep: Prep, trained: dict):
   base = trained["base"].params
   yield _finetune_stage(c, prep, base)
   peft_val = lambda member_sets: val_score(c, prep, member_sets, plain=testbed_peft.plain)
-  if testbed_peft.lora_plan(c):
+  if prep.of("lora"):
     yield testbed_peft.lora_stage(c, prep, base, peft_val)
-  if c.get("maet_neurons") and c.maet_neurons.enabled:
+  if prep.of("neurons"):
     yield testbed_peft.maet_short_stage(c, prep, base)
     yield testbed_peft.maet_neurons_stage(c, prep, base, trained["maet_short"].params, peft_val)
 
@@ -288,14 +264,14 @@ def _finetune_stage(c, prep: Prep, base) -> kind_lib.Stage:
   flags = lambda what: tuple(bool(f) for f in (np.ones(len(cells), bool) if what is ALL else
                                                partition.cells_of(presets.index(what[0]), what[1], cells)))
   members, init, member_sets = [], [], []
-  for r in prep.recipes:
+  for r in prep.of("full"):
     for i, s in enumerate(seeds):
       members.append(loop_lib.Member(f"{r.name}/seed_{s}", 1000 + s, tuple(prep.data[d] for d, _ in r.phases),
                                      tuple(flags(w) for _, w in r.phases), r.steps_per_phase))
       init.append(_member(base, i))
       member_sets.append([n for role in r.val for n in prep.sets[role]])
   ft = _stage(c, c.finetune)
-  print(f"testbed: {len(prep.recipes)} recipes x {len(seeds)} seeds = {len(members)} fine-tuned models; "
+  print(f"testbed: {len(prep.of('full'))} recipes x {len(seeds)} seeds = {len(members)} fine-tuned models; "
         f"partition cells {list(cells)}", flush=True)
   return kind_lib.Stage("finetune", cfg, members, val_score(c, prep, member_sets), config=ft,
                         init_params=_stack(init), tx=partition.gated_optimizer(ft.opt, cell_tree, cells),
@@ -312,7 +288,7 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
   maet_trained = testbed_peft.maet_models(prep, trained["maet_neurons"]) if "maet_neurons" in trained else None
   per_seed = []
   for i, s in enumerate(seeds):
-    recipes = {r.name: _member(tuned, k * len(seeds) + i) for k, r in enumerate(prep.recipes)}
+    recipes = {r.name: _member(tuned, k * len(seeds) + i) for k, r in enumerate(prep.of("full"))}
     models = compose(c, _member(base, i), recipes, info["labels"], seed=s)
     if lora_adapters is not None:
       models.update(testbed_peft.compose_lora(c, _member(base, i), {k: v[i] for k, v in lora_adapters.items()}))
@@ -321,9 +297,9 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
     per_seed.append(models)
   model_names = list(per_seed[0])
   scores = _score_all(prep.cfg, prep.task, per_seed, prep.sets, c.eval.batch_size, seeds, workdir)
-  rows = _rows(c, model_names, scores, prep.sets, seeds)
-  heatmaps = _heatmaps(c, workdir, base, tuned, prep.recipes, seeds)
-  table = _table(c, rows, model_names, prep.sets)
+  rows = testbed_report.rows(c, model_names, scores, prep.sets, seeds, {r.name: r.trained_on for r in prep.recipes})
+  heatmaps = _heatmaps(c, workdir, base, tuned, prep.of("full"), seeds)
+  table = testbed_report.table(c, rows, model_names, prep.sets)
   return rows, table, _summary(c, trained, heatmaps, len(model_names), time.time() - t)
 
 
@@ -334,7 +310,7 @@ def _summary(c, trained: dict, heatmaps: dict, models_per_seed: int, merge_s: fl
   names = [m.name for m in finetune.stage.members]
   t_base = trained["base"].done_s
   t_trained = max(t.done_s for t in trained.values())
-  return {"members": {"base": seeds, "finetune": len(names), "lora": len(testbed_peft.lora_plan(c)) * seeds,
+  return {"members": {"base": seeds, "finetune": len(names), "lora": len(testbed_plan.plan(c, "lora")) * seeds,
                       "maet_neurons": 2 * seeds if "maet_neurons" in trained else 0},
           "models_per_seed": models_per_seed, "params_per_model": model_lib.count_params(one),
           "partition_cells": list(info["cells"]),
@@ -350,7 +326,7 @@ def _score_all(cfg, task, per_seed, sets, batch, seeds, workdir, chunk: int = 48
   """{model name: {set name: {metric: [value per seed]}}}, decoding models in chunks; every
   answer goes to workdir/predictions.jsonl (member "<model>/seed_<s>")."""
   flat = [(name, i, params) for i, models in enumerate(per_seed) for name, params in models.items()]
-  wanted = [n for r in ("goal", "task", "language") for n in sets[r]]
+  wanted = [n for r in testbed_report.ROLES for n in sets[r]]
   out, predictions = {}, []
   for start in range(0, len(flat), chunk):
     part = flat[start:start + chunk]
@@ -366,35 +342,6 @@ def _score_all(cfg, task, per_seed, sets, batch, seeds, workdir, chunk: int = 48
   results_lib.write_predictions(os.path.join(workdir, "predictions.jsonl"), predictions,
                            [f"{name}/seed_{seeds[i]}" for name, i, _ in flat])
   return out
-
-
-def _rows(c, model_names, scores, sets, seeds) -> list[dict]:
-  """One row per model x role x metric (the language role: mean over its operations)."""
-  rows = []
-  lang_of = {"goal": c.languages.target, "task": c.languages.source, "language": c.languages.target}
-  for name in model_names:
-    for role in ("goal", "task", "language"):
-      metrics = ("exact_match", "any_script") if role == "goal" else ("exact_match",)
-      for metric in metrics:
-        values = np.mean([scores[name][n][metric] for n in sets[role]], axis=0)
-        rows.append(results_lib.make_row(
-            experiment=c.name, task=c.task, language=lang_of[role], role=role, condition=name,
-            metric=metric, values=values, samples=None, sets=sets[role], seeds_used=seeds))
-  return rows
-
-
-def _table(c, rows, model_names, sets) -> str:
-  find = lambda name, role, metric: next(r for r in rows if r["condition"] == name
-                                         and r["role"] == role and r["metric"] == metric)
-  goal, tsk = sets["goal"][0], sets["task"][0]
-  lines = [f"{c.name}: test exact match, mean ± std over {len(rows[0]['values'])} seeds",
-           "", f"| model | goal: {goal} | goal, any script | task: {tsk} | language: {', '.join(sets['language'])} |",
-           "|---|---|---|---|---|"]
-  for name in model_names:
-    cells = [results_lib.fmt(find(name, r, m)) for r, m in
-             (("goal", "exact_match"), ("goal", "any_script"), ("task", "exact_match"), ("language", "exact_match"))]
-    lines.append(f"| {name} | " + " | ".join(cells) + " |")
-  return "\n".join(lines) + "\n"
 
 
 def _heatmaps(c, workdir, base, tuned, recipes, seeds) -> dict:

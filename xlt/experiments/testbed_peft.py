@@ -1,5 +1,6 @@
 """The merge testbed's parameter-efficient recipes (stages of xlt.experiments.testbed, after
-its full fine-tunes): LoRA versions of the recipes, and MAET with trained neurons.
+its full fine-tunes): LoRA versions of the recipes, and MAET with trained neurons. The recipes
+themselves (variants "lora" and "neurons") are listed by testbed_plan.plan with the others.
 
 LoRA (xlt.lora), one ensemble of every LoRA recipe x seed, from each seed's base:
   LoRA task / language expert      adapters on every attn / mlp projection;
@@ -21,8 +22,6 @@ MAET with trained neurons (xlt.neurons), MAET's extraction stage end to end:
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import ml_collections
 import numpy as np
@@ -32,32 +31,13 @@ from xlt import loop as loop_lib
 from xlt import lora, merge, neurons, partition
 from xlt import train as train_lib
 from xlt.experiments import common as kind_lib
-
-ALL = None
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraRecipe:
-  name: str
-  phases: tuple[tuple[str, tuple[str, str] | None], ...]  # (dataset, None = all adapters | (preset, label))
-  val: tuple[str, ...]
-  steps_per_phase: int = 1
+from xlt.experiments import testbed_plan
+from xlt.experiments.testbed_plan import ALL, Recipe
 
 
-def lora_plan(c) -> list[LoraRecipe]:
-  """The LoRA recipes of `c.lora` (empty when it is off)."""
-  if not c.get("lora") or not c.lora.enabled:
-    return []
-  out = [LoraRecipe("LoRA task expert", (("task", ALL),), ("task",)),
-         LoraRecipe("LoRA language expert", (("language", ALL),), ("language",))]
-  for p in c.lora.presets:
-    out += [LoraRecipe(f"partial LoRA task expert [{p}]", (("task", (p, "task")),), ("task",)),
-            LoraRecipe(f"partial LoRA language expert [{p}]", (("language", (p, "language")),), ("language",))]
-  for p in c.lora.simultaneous_presets:
-    for k in c.lora.steps_per_switch:
-      out.append(LoraRecipe(f"simultaneous LoRA [{p}] k={k}", (("task", (p, "task")), ("language", (p, "language"))),
-                            ("task", "language"), int(k)))
-  return out
+def lora_plan(c) -> list[Recipe]:
+  """The LoRA recipes of testbed_plan.plan (empty when `c.lora` is off), in member order."""
+  return testbed_plan.plan(c, "lora")
 
 
 def check(c, num_layers: int):
@@ -65,8 +45,7 @@ def check(c, num_layers: int):
   if c.get("lora") and c.lora.enabled:
     for p in set(c.lora.presets) | set(c.lora.simultaneous_presets):
       partition.preset_rules(p, num_layers, c.partition.bottom, c.partition.top)
-    for spec in c.lora.swaps:
-      b, u, t = (int(x) for x in str(spec).split(","))
+    for b, u, t in testbed_plan.swaps(c.lora.swaps, "lora.swaps"):
       merge.swap_plan(num_layers, b, u, t, t)
     if int(c.lora.rank) < 1:
       raise ValueError(f"lora.rank must be positive, got {c.lora.rank}")
@@ -102,7 +81,7 @@ def _stage(c, train, opt) -> ml_collections.ConfigDict:
 def lora_stage(c, prep, base, val_score) -> kind_lib.Stage:
   """Stage 2b: every LoRA recipe x seed in one ensemble, from each seed's base (`prep` is the
   testbed's: cfg, seeds, data, sets; `val_score(member_sets)` scores merged parameters)."""
-  recipes, cfg, seeds = lora_plan(c), prep.cfg, prep.seeds
+  recipes, cfg, seeds = prep.of("lora"), prep.cfg, prep.seeds
   one = _member(base, 0)
   presets = sorted(set(c.lora.presets) | set(c.lora.simultaneous_presets)) or ["C"]
   labels = {p: partition.labels(one, partition.preset_rules(p, cfg.num_layers, c.partition.bottom, c.partition.top,
@@ -131,7 +110,7 @@ def lora_stage(c, prep, base, val_score) -> kind_lib.Stage:
 def lora_adapters(c, prep, trained) -> dict:
   """The trained LoRA stage as {recipe name: [adapters per seed]}."""
   n, adapters = len(prep.seeds), trained.params["lora"]
-  return {r.name: [_member(adapters, k * n + i) for i in range(n)] for k, r in enumerate(lora_plan(c))}
+  return {r.name: [_member(adapters, k * n + i) for i in range(n)] for k, r in enumerate(prep.of("lora"))}
 
 
 def compose_lora(c, base, adapters: dict) -> dict:
@@ -139,8 +118,7 @@ def compose_lora(c, base, adapters: dict) -> dict:
   swaps and LoRA freeze-then-train."""
   models = {name: lora.merge_into(base, a) for name, a in adapters.items()}  # recipe order
   task, lang = adapters["LoRA task expert"], adapters["LoRA language expert"]
-  for spec in c.lora.swaps:
-    b, u, t = (int(x) for x in str(spec).split(","))
+  for b, u, t in testbed_plan.swaps(c.lora.swaps, "lora.swaps"):
     swapped = merge.layer_swap(task, lang, bottom=b, top=u, lower_transition=t, upper_transition=t,
                                non_block="average")
     models[f"LoRA layer swap b={b} u={u} t={t}"] = lora.merge_into(base, swapped)
@@ -156,10 +134,15 @@ def maet_short_stage(c, prep, base) -> kind_lib.Stage:
   """Stage 2c: short runs from the base on the task data and on the source-language data,
   kept as they end (no selection): only where they changed matters."""
   m, seeds = c.maet_neurons, prep.seeds
-  members = [loop_lib.Member(f"MAET short {d}/seed_{s}", 4000 + s, prep.data[d]) for d in ("task", "source_language")
+  members = [loop_lib.Member(f"{r.name}/seed_{s}", 4000 + s, prep.data[r.phases[0][0]]) for r in _short(prep)
              for s in seeds]
   return kind_lib.Stage("maet_short", prep.cfg, members, None, config=_stage(c, m.short.train, m.short.opt),
-                        init_params=_stack([_member(base, i) for _ in range(2) for i in range(len(seeds))]))
+                        init_params=_stack([_member(base, i) for _ in _short(prep) for i in range(len(seeds))]))
+
+
+def _short(prep) -> list[Recipe]:
+  """The neuron recipes on every parameter: MAET's short runs (task, then source language)."""
+  return [r for r in prep.of("neurons") if r.phases[0][1] is ALL]
 
 
 def maet_neurons_stage(c, prep, base, ran, val_score) -> kind_lib.Stage:
@@ -175,12 +158,15 @@ def maet_neurons_stage(c, prep, base, ran, val_score) -> kind_lib.Stage:
     n_l0 = neurons.locate(_member(ran, len(seeds) + i), b, m.key_ratio)
     located.append((b, neurons.union(b, n_a, n_l0), neurons.expand(n_l0, b)))
   members, init, member_sets = [], [], []
-  for role, d in (("ability", "task"), ("source", "source_language")):
-    for i, s in enumerate(seeds):
+  for r in prep.of("neurons"):
+    (d, what), = r.phases
+    if what is ALL:  # a short run
+      continue
+    for i, s in enumerate(seeds):  # ability: on N_A u N_L0; source: on N_L0
       b, union, source = located[i]
-      members.append(loop_lib.Member(f"MAET {role} model (trained neurons)/seed_{s}", 5000 + s, prep.data[d]))
-      init.append(neurons.composite(b, union if role == "ability" else source))
-      member_sets.append(prep.sets["task" if role == "ability" else "source_language"])
+      members.append(loop_lib.Member(f"{r.name}/seed_{s}", 5000 + s, prep.data[d]))
+      init.append(neurons.composite(b, union if what[1] == "ability" else source))
+      member_sets.append([n for role in r.val for n in prep.sets[role]])
   ft = _stage(c, c.finetune.train, c.finetune.opt)
   print(f"testbed: MAET key neurons, seed {seeds[0]}: ability + source {neurons.describe(located[0][1])}, "
         f"source {neurons.describe(located[0][2])}", flush=True)
