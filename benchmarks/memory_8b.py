@@ -17,10 +17,10 @@ Recipes, each with remat (jax.checkpoint per block) and bf16 parameters and acti
 
 Devices: one 80 GB GPU (a mesh of 1 device) and a TPU v5e-8 slice (16 GiB HBM per chip, the
 parameters, gradients and Adam state sharded over fsdp=8). The meshes are of fake CPU devices
-(only their shapes count): the script asks XLA for 8 before jax loads. Attention is xlt's own
-(scores materialised, one query chunk, as on accelerators). XLA's own figure for a compiled
-step is the ground truth (tests/test_memory.py compares on small models); see xlt/memory.py
-for what the estimate models.
+(only their shapes count): the script asks XLA for 8 before jax loads, and names the platform
+each stands for, so the estimate counts what runs there: cuDNN's or splash's fused attention
+(no score matrices) and the cross-entropy fused with its gradient. The device's own peak is the
+ground truth: on an H200 it was 0.90-1.15x this estimate (xlt/memory.py, docs/speed.md).
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ QWEN25_7B = dict(
     max_position_embeddings=131072, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
     use_sliding_window=False, sliding_window=131072, max_window_layers=28, torch_dtype="bfloat16")
 MODELS = {"Llama 3.1 8B": LLAMA_31_8B, "Qwen2.5-7B": QWEN25_7B}
-DEVICES = {"one 80 GB GPU": (dict(data=1, fsdp=1, tensor=1, devices=1), 80 << 30),
-           "TPU v5e-8 (fsdp 8)": (dict(data=1, fsdp=8, tensor=1, devices=8), 16 << 30)}
+DEVICES = {"one 80 GB GPU": (dict(data=1, fsdp=1, tensor=1, devices=1), 80 << 30, "gpu"),
+           "TPU v5e-8 (fsdp 8)": (dict(data=1, fsdp=8, tensor=1, devices=8), 16 << 30, "tpu")}
 
 
 def optimizer() -> optax.GradientTransformation:
@@ -84,11 +84,11 @@ def main(argv=None):
   for name, hf in MODELS.items():
     cfg = pretrained.config_from_hf(hf, dtype="bfloat16")
     shapes = jax.eval_shape(lambda cfg=cfg: model.init_params(cfg, jax.random.key(0)))
-    for device, (mesh_spec, budget) in DEVICES.items():
+    for device, (mesh_spec, budget, platform) in DEVICES.items():
       mesh = sharding.make_mesh(mesh_spec)
       for recipe, (params, trainable) in recipes(cfg, shapes, args.lora_rank).items():
         est = memory.estimate(cfg, params, tx, mesh, batch=args.batch, seq=args.seq, trainable=trainable,
-                              remat=True, query_chunks=1)
+                              remat=True, platform=platform)
         try:
           memory.check_fits(est, budget)
           verdict = f"fits in {budget / (1 << 30):.0f} GiB"

@@ -39,13 +39,21 @@ s = bytes of the compute dtype (the scores and logits are float32 in xlt's model
   scores     b H C (4 + s')   the softmax weights, float32, and their copy in the compute dtype
                               for the value product (s' = s, or 0 when that is float32);
                               C = T^2 without chunking, sum over query chunks of
-                              chunk x keys-up-to-its-end with `query_chunks` (xlt's causal chunks)
+                              chunk x keys-up-to-its-end with `query_chunks` (xlt's causal chunks);
+                              a fused kernel (cuDNN, splash: xlt.attention) keeps no scores,
+                              only each query's softmax statistics, b H T 4
   attn_out   b T H K s        the attention output, before the projection
   mlp        m b T F s        m = 2 (fc out, its GELU) or 4 for a gated MLP (gate, up, act, product)
 
 plus, once: the final norm (2 b T D s) and the head (b T V (8 + s')): float32 logits and
 their softmax for the cross-entropy; and the backward pass's transients: one layer's set
 again (the gradients of the layer whose backward runs) and the logits' gradient (4 b T V).
+On a GPU or TPU XLA fuses the cross-entropy with its gradient, so the head holds the float32
+logits once and no separate gradient (b T V (4 + s')). On an H200 (benchmarks/gpu_check.py,
+docs/speed.md) the device's peak was 0.90x this estimate for a Llama 3.2 1B-shaped full step
+(vocabulary 128256, B=8, T=2048; the CPU's count of the head would have made it 0.70x), 0.92x
+for its LoRA step, and 1.15x for a Llama 3.1 8B-shaped LoRA step with remat (B=4): leave that
+margin when a recipe is near the device's size.
 With `remat` (jax.checkpoint per block) a layer keeps only its input (b T D s) and one
 layer's full set is live again during its recomputation.
 Dropout masks, the embedding gather and XLA's fusion choices are not modelled: XLA's own
@@ -65,6 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from xlt import attention as attention_lib
 from xlt import composite
 from xlt import matmul
 from xlt import sharding
@@ -148,7 +157,8 @@ def _score_entries(seq: int, query_chunks: int) -> int:
 
 
 def activation_terms(model_cfg, micro_batch: int, seq: int, *, compute_dtype=None, remat: bool = False,
-                     query_chunks: int = 1, tensor: int = 1) -> dict:
+                     query_chunks: int = 1, tensor: int = 1, fused: bool = False,
+                     accelerator: bool = False) -> dict:
   """The module doc's activation terms in bytes for `micro_batch` sequences (on one device:
   `micro_batch` is that device's share, `tensor` the tensor axis that splits the widths):
   {"per_layer": {term: bytes}, "layers", "head", "backward", "total": bytes}."""
@@ -162,7 +172,7 @@ def activation_terms(model_cfg, micro_batch: int, seq: int, *, compute_dtype=Non
       "residual": 2 * b * t * c.d_model * s,
       "norms": 2 * b * t * c.d_model * s,
       "qkv": 3 * b * t * split(h) * k * s,
-      "scores": b * split(h) * _score_entries(t, query_chunks) * (4 + s_copy),
+      "scores": b * split(h) * (t * 4 if fused else _score_entries(t, query_chunks) * (4 + s_copy)),
       "attn_out": b * t * split(h) * k * s,
       "mlp": (4 if gated else 2) * b * t * split(f) * s,
   }
@@ -170,14 +180,22 @@ def activation_terms(model_cfg, micro_batch: int, seq: int, *, compute_dtype=Non
   layer_input = b * t * c.d_model * s
   layers = c.num_layers * layer_input + full if remat else c.num_layers * full
   logits = b * t * split(c.vocab_size) * 4
-  head = 2 * b * t * c.d_model * s + logits * 2 + b * t * split(c.vocab_size) * s_copy
-  backward = full + logits  # one layer's activation gradients, and the logits' gradient
+  # on an accelerator the cross-entropy and its gradient fuse into the logits' buffer
+  head = 2 * b * t * c.d_model * s + logits * (1 if accelerator else 2) + b * t * split(c.vocab_size) * s_copy
+  backward = full + (0 if accelerator else logits)  # one layer's activation gradients, the logits' gradient
   return {"per_layer": per_layer, "layers": layers, "head": head, "backward": backward,
           "total": layers + head + backward}
 
 
+def _attention_kernel(model_cfg, platform: str, compute_dtype, seq: int) -> str:
+  """The kernel the model's attention runs on `platform` (xlt.attention.choose)."""
+  return attention_lib.choose(getattr(model_cfg, "attention", "auto"), platform,
+                              dtype=compute_dtype or model_cfg.dtype, softcap=model_cfg.attn_logit_softcap,
+                              dropout=model_cfg.dropout > 0, head_dim=model_cfg.head_width, seq=seq)[0]
+
+
 def estimate(model_cfg, params_shapes, tx, mesh, *, batch: int, seq: int, trainable=None, remat: bool = False,
-             grad_accum: int = 1, compute_dtype=None, query_chunks: int | None = None,
+             grad_accum: int = 1, compute_dtype=None, query_chunks: int | None = None, platform: str | None = None,
              rules=sharding.DEFAULT_RULES) -> dict:
   """Bytes per device of a training step (module doc).
 
@@ -192,6 +210,9 @@ def estimate(model_cfg, params_shapes, tx, mesh, *, batch: int, seq: int, traina
   compute_dtype: the activations' dtype (default model_cfg.dtype).
   query_chunks: the causal attention's query chunks (default: what xlt's model uses for `seq`
     on this platform, xlt.matmul.causal_query_chunks).
+  platform: where the step runs ("cpu", "gpu", "tpu"; default the mesh's devices'): it picks
+    the attention kernel as the model does (xlt.attention.choose), and a fused kernel (cuDNN,
+    splash) keeps no scores.
 
   Returns {"params", "grads", "opt_state", "activations", "total"} per device, "global" (the
   same unsharded), "activation_terms", "num_params", "num_trained" and "setting".
@@ -202,7 +223,10 @@ def estimate(model_cfg, params_shapes, tx, mesh, *, batch: int, seq: int, traina
   chunks = matmul.causal_query_chunks(seq) if query_chunks is None else query_chunks
   micro = batch // grad_accum
   shards = mesh.shape["data"] * mesh.shape["fsdp"]
-  kw = dict(compute_dtype=compute_dtype, remat=remat, query_chunks=chunks)
+  platform = platform or mesh.devices.flat[0].platform
+  kernel = _attention_kernel(model_cfg, platform, compute_dtype, seq)
+  kw = dict(compute_dtype=compute_dtype, remat=remat, query_chunks=chunks, fused=kernel in ("cudnn", "splash"),
+            accelerator=platform != "cpu")
   terms = activation_terms(model_cfg, -(-micro // shards), seq, tensor=mesh.shape["tensor"], **kw)
   out["activations"] = terms["total"]
   out["global"]["activations"] = activation_terms(model_cfg, micro, seq, **kw)["total"]
@@ -210,7 +234,7 @@ def estimate(model_cfg, params_shapes, tx, mesh, *, batch: int, seq: int, traina
     d["total"] = sum(d[p] for p in PARTS)
   out["activation_terms"] = terms
   out["setting"] = {"mesh": dict(mesh.shape), "batch": batch, "seq": seq, "micro_batch": micro,
-                    "grad_accum": grad_accum, "remat": remat, "query_chunks": chunks,
+                    "grad_accum": grad_accum, "remat": remat, "query_chunks": chunks, "attention": kernel,
                     "compute_dtype": str(np.dtype(compute_dtype or model_cfg.dtype))}
   return out
 

@@ -1,0 +1,315 @@
+"""The GPU checks of xlt's recipes on pretrained-shaped models, in one short run on one GPU:
+
+  python benchmarks/gpu_check.py --out=gpu.json [--budget_s=400] [--quick]
+
+1. attention: a Llama-shaped model (GQA, RoPE, bf16 compute) computed with each attention
+   kernel xlt.attention offers on the GPU: cuDNN's fused kernel, XLA's plain softmax, xlt's
+   own; logits and gradients of each against a float32 XLA reference, with and without a
+   sliding window; whether `auto` compiles to cuDNN's fused attention (its custom call in the
+   compiled HLO).
+2. steps: xlt's training step (xlt.train.make_step, one member, AdamW with clipping) on a
+   model of Llama 3.2 1B's shape (randomly initialised: speed does not depend on the values),
+   bf16 compute: full fine-tuning (float32 parameters and moments) with cuDNN and with XLA
+   attention, and rank-16 LoRA on bf16 parameters; then PyTorch eager on the same shapes
+   (transformers' LlamaForCausalLM, sdpa attention, bf16 autocast over float32 parameters
+   for full fine-tuning, bf16 parameters under peft's LoRA), where torch is installed. Each
+   job: its compile (first step), the median step time, tokens/s, model FLOP utilisation
+   (6 x trained-through parameters x tokens + 12 x layers x heads x head width x T x tokens,
+   PaLM's convention, over the GPU's dense bf16 peak) and the device's peak memory against
+   xlt.memory.estimate.
+3. 8B: a rank-16 LoRA step on a model of Llama 3.1 8B's shape, bf16 parameters, remat per
+   block, where the GPU has the memory; its peak against the estimate.
+
+Each job runs in its own process (peak memory is per process) under the time left of
+--budget_s; every finished job is written to --out at once. Not part of the tests: run it on
+a GPU machine; the figures go to docs/speed.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+LLAMA_1B = dict(vocab_size=128256, d_model=2048, num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64,
+                mlp_dim=8192, tie_embeddings=True, rope_base=500000.0)
+LLAMA_8B = dict(vocab_size=128256, d_model=4096, num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
+                mlp_dim=14336, tie_embeddings=False, rope_base=500000.0)
+SHAPES = {"llama-1b": LLAMA_1B, "llama-8b": LLAMA_8B}
+# name: (shape, mode, attention, param dtype, remat, batch, seq)
+JOBS = {
+    "xlt full cudnn": ("llama-1b", "full", "auto", "float32", "none", 8, 2048),
+    "xlt full xla": ("llama-1b", "full", "xla", "float32", "none", 8, 2048),
+    "xlt lora cudnn": ("llama-1b", "lora", "auto", "bfloat16", "none", 8, 2048),
+    "torch full": ("llama-1b", "full", "sdpa", "float32", "none", 8, 2048),
+    "torch lora": ("llama-1b", "lora", "sdpa", "bfloat16", "none", 8, 2048),
+    "xlt 8b lora": ("llama-8b", "lora", "auto", "bfloat16", "block", 4, 2048),
+    "xlt 8b full": ("llama-8b", "full", "auto", "bfloat16", "block", 2, 2048),  # float32 moments
+}
+QUICK = dict(vocab_size=1024, d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, mlp_dim=256)
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 FLOP/s (SXM)
+OPT = dict(name="adamw", schedule="constant", peak_lr=1e-5, warmup_steps=0, total_steps=100, b1=0.9, b2=0.95,
+           weight_decay=0.0, clip=1.0)
+LORA = dict(rank=16, alpha=32.0)
+
+
+def model_config(shape: dict, attention: str, param_dtype: str, remat: str, seq: int):
+  from xlt import model
+
+  return model.Config(block_size=seq, norm="rmsnorm", mlp="swiglu", pos_embedding="rope", bias=False, ln_eps=1e-5,
+                      dtype="bfloat16", param_dtype=param_dtype, attention=attention, remat=remat, **shape)
+
+
+def model_flops_per_token(cfg, trained_through: int, seq: int) -> float:
+  """PaLM's model FLOPs per token of a training step: 6 N + 12 L H K T (N: the parameters the
+  step multiplies by, the embedding lookup excluded, the head included)."""
+  return 6 * trained_through + 12 * cfg.num_layers * cfg.num_heads * cfg.head_width * seq
+
+
+def peak_flops(kind: str) -> float | None:
+  return next((v for k, v in PEAK_BF16.items() if k in kind), None)
+
+
+# ------------------------------------------------------------------------------- attention
+
+
+def attention_check(quick: bool) -> dict:
+  import jax
+  import jax.numpy as jnp
+
+  from xlt import model
+
+  shape = dict(QUICK if quick else dict(vocab_size=4096, d_model=1024, num_layers=2, num_heads=16, num_kv_heads=4,
+                                        head_dim=64, mlp_dim=2048))
+  seq, batch, out = 512, 4, {}
+  tokens = jax.random.randint(jax.random.key(1), (batch, seq + 1), 0, shape["vocab_size"])
+  for window in (0, 128):
+    ref_cfg = dataclasses.replace(model_config(shape, "xla", "float32", "none", seq), dtype="float32",
+                                  sliding_window=window)
+    params = model.init_params(ref_cfg, jax.random.key(0))
+
+    def loss(p, cfg):
+      logits = model.apply(cfg, p, tokens[:, :-1])[0].astype(jnp.float32)  # (logits, cache)
+      return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1)), logits
+
+    fn = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+    (_, ref_logits), ref_grads = fn(params, ref_cfg)
+    gnorm = float(jnp.sqrt(sum(jnp.sum(g.astype(jnp.float32) ** 2) for g in jax.tree.leaves(ref_grads))))
+    for impl in ("auto", "cudnn", "xla", "xlt"):
+      cfg = dataclasses.replace(ref_cfg, dtype="bfloat16", attention=impl)
+      (_, logits), grads = fn(params, cfg)
+      diff = jax.tree.map(lambda a, b: jnp.sum((a.astype(jnp.float32) - b) ** 2), grads, ref_grads)
+      hlo = fn.lower(params, cfg).compile().as_text()
+      out[f"window={window} {impl}"] = {
+          "logits_max_abs_err": float(jnp.max(jnp.abs(logits - ref_logits))),
+          "logits_scale": float(jnp.max(jnp.abs(ref_logits))),
+          "grads_rel_err": float(jnp.sqrt(sum(jax.tree.leaves(diff)))) / gnorm,
+          "cudnn_fmha_in_hlo": "cudnn$fmha" in hlo or "__cudnn$fmha" in hlo}
+      print("attention", window, impl, out[f"window={window} {impl}"], flush=True)
+  return out
+
+
+# ------------------------------------------------------------------------------- steps
+
+
+def _median_step(run, steps: int) -> tuple[float, float, float]:
+  t0 = time.perf_counter()
+  loss = run()
+  first = time.perf_counter() - t0
+  run()
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    run()
+    times.append(time.perf_counter() - t0)
+  return first, statistics.median(times), loss
+
+
+def random_params(cfg):
+  """N(0, 0.02) in every leaf, made on the device leaf by leaf: speed and memory do not
+  depend on the values, and flax's init traces the whole model (a minute at 8B)."""
+  import jax
+
+  from xlt import model
+
+  shapes = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
+  leaves, tree = jax.tree.flatten(shapes)
+
+  @jax.jit
+  def make(key):
+    keys = jax.random.split(key, len(leaves))
+    return tree.unflatten([(0.02 * jax.random.normal(k, x.shape)).astype(x.dtype) for k, x in zip(keys, leaves)])
+
+  return make(jax.random.key(0))
+
+
+def xlt_job(job: tuple, quick: bool, steps: int) -> dict:
+  import jax
+  import ml_collections
+  import numpy as np
+
+  from xlt import composite, lora, memory, sharding, train
+
+  shape_name, mode, attention, param_dtype, remat, batch, seq = job
+  shape = QUICK if quick else SHAPES[shape_name]
+  batch, seq = (2, 256) if quick else (batch, seq)
+  cfg = model_config(shape, attention, param_dtype, remat, seq)
+  # bf16 parameters trained whole keep Adam's moments in float32 (opt.state_dtype)
+  state_dtype = "float32" if mode == "full" and param_dtype == "bfloat16" else ""
+  tx = train.make_optimizer(ml_collections.ConfigDict(dict(OPT, state_dtype=state_dtype)))
+  mesh = sharding.make_mesh({"data": -1})
+  t0 = time.perf_counter()
+  params = random_params(cfg)
+  if mode == "lora":
+    params = {"base": params, "lora": lora.init(params, jax.random.key(1), **LORA)}
+  stacked = jax.tree.map(lambda x: x[None], params)
+  del params
+  abstract = jax.eval_shape(lambda p: train.init_state(cfg, tx, [0], p), stacked)
+  step, st_sh, _ = train.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract)
+  with jax.set_mesh(mesh):
+    state = jax.jit(lambda p: train.init_state(cfg, tx, [0], p), out_shardings=st_sh, donate_argnums=0)(stacked)
+  init_s = time.perf_counter() - t0
+  one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), abstract["params"])
+  est = memory.estimate(cfg, one, tx, mesh, batch=batch, seq=seq, remat=remat == "block",
+                        platform="gpu" if not quick else None)
+  rng = np.random.default_rng(0)
+  data = {"tokens": rng.integers(0, shape["vocab_size"], (1, batch, seq + 1)).astype(np.int32),
+          "loss_mask": np.ones((1, batch, seq), np.float32)}
+  holder = [state]
+
+  def run():
+    with jax.set_mesh(mesh):
+      holder[0], m = step(holder[0], data)
+    return float(m["loss"][0])
+
+  first, step_s, loss = _median_step(run, steps)
+  dev = jax.devices()[0]
+  stats = dev.memory_stats() or {}
+  trained = sum(x.size for x in jax.tree.leaves(composite.split(one)[0]))
+  base = composite.base(one) if composite.is_composite(one) else one
+  through = sum(x.size for x in jax.tree.leaves(base)) - shape["vocab_size"] * shape["d_model"] * (
+      0 if shape.get("tie_embeddings") else 1)
+  return {"device": dev.device_kind, "jax": jax.__version__, "attention": est["setting"]["attention"],
+          "state_dtype": state_dtype or param_dtype, "batch": batch, "seq": seq,
+          "params": int(sum(x.size for x in jax.tree.leaves(base))), "trained": int(trained),
+          "init_s": init_s, "first_step_s": first, "step_s": step_s, "first_loss": loss,
+          "tokens_per_s": batch * seq / step_s,
+          "model_flops_per_step": model_flops_per_token(cfg, through, seq) * batch * seq,
+          "peak_bytes": stats.get("peak_bytes_in_use"), "device_bytes": stats.get("bytes_limit"),
+          "estimate_bytes": est["total"], "estimate": {k: est[k] for k in memory.PARTS}}
+
+
+def torch_job(job: tuple, quick: bool, steps: int) -> dict:
+  import torch
+  import transformers
+
+  shape_name, mode, _, param_dtype, _, batch, seq = job
+  shape = QUICK if quick else SHAPES[shape_name]
+  batch, seq = (2, 256) if quick else (batch, seq)
+  config = transformers.LlamaConfig(
+      vocab_size=shape["vocab_size"], hidden_size=shape["d_model"], num_hidden_layers=shape["num_layers"],
+      num_attention_heads=shape["num_heads"], num_key_value_heads=shape["num_kv_heads"], head_dim=shape["head_dim"],
+      intermediate_size=shape["mlp_dim"], tie_word_embeddings=shape.get("tie_embeddings", False),
+      rope_theta=shape.get("rope_base", 10000.0), max_position_embeddings=seq, attn_implementation="sdpa")
+  dtype = getattr(torch, param_dtype)
+  torch.manual_seed(0)
+  t0 = time.perf_counter()
+  dev = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: --quick's smoke test
+  with torch.device(dev):
+    model = transformers.LlamaForCausalLM(config).to(dtype)
+  if mode == "lora":
+    import peft
+
+    model = peft.get_peft_model(model, peft.LoraConfig(
+        r=LORA["rank"], lora_alpha=LORA["alpha"], use_rslora=True, lora_dropout=0.0, bias="none",
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    for p in model.parameters():  # adapters in float32, as xlt's
+      if p.requires_grad:
+        p.data = p.data.float()
+  model.train()
+  trained = [p for p in model.parameters() if p.requires_grad]
+  opt = torch.optim.AdamW(trained, lr=OPT["peak_lr"], betas=(OPT["b1"], OPT["b2"]), eps=1e-8, weight_decay=0.0,
+                          fused=dev == "cuda")
+  init_s = time.perf_counter() - t0
+  g = torch.Generator().manual_seed(0)
+  tok = torch.randint(0, shape["vocab_size"], (batch, seq + 1), generator=g).to(dev)
+
+  def run():
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast(dev, dtype=torch.bfloat16):
+      logits = model(input_ids=tok[:, :-1], use_cache=False).logits
+    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tok[:, 1:].flatten())
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trained, OPT["clip"], foreach=True)
+    opt.step()
+    if dev == "cuda":
+      torch.cuda.synchronize()
+    return float(loss)
+
+  first, step_s, loss = _median_step(run, steps)
+  cuda = dev == "cuda"
+  return {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__, "transformers": transformers.__version__,
+          "batch": batch, "seq": seq, "trained": sum(p.numel() for p in trained), "init_s": init_s,
+          "first_step_s": first, "step_s": step_s, "first_loss": loss, "tokens_per_s": batch * seq / step_s,
+          "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None}
+
+
+# ------------------------------------------------------------------------------- driver
+
+
+def child(name: str, quick: bool, steps: int) -> dict:
+  if name == "attention":
+    return attention_check(quick)
+  job = JOBS[name]
+  return (torch_job if name.startswith("torch") else xlt_job)(job, quick, steps)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--out", required=True)
+  p.add_argument("--budget_s", type=float, default=400.0)
+  p.add_argument("--steps", type=int, default=5)
+  p.add_argument("--quick", action="store_true", help="tiny shapes (a smoke test of the script)")
+  p.add_argument("--jobs", default="attention," + ",".join(JOBS))
+  p.add_argument("--child", default="")
+  a = p.parse_args(argv)
+  if a.child:
+    result = child(a.child, a.quick, a.steps)
+    with open(a.out, "w") as f:
+      json.dump(result, f)
+    return
+  start, results = time.monotonic(), {}
+  for name in a.jobs.split(","):
+    left = a.budget_s - (time.monotonic() - start)
+    if left < 30:
+      results[name] = {"skipped": "out of time"}
+      continue
+    tmp = a.out + ".child.json"
+    cmd = [sys.executable, __file__, "--child", name, "--out", tmp, "--steps", str(a.steps)] + (
+        ["--quick"] if a.quick else [])
+    t0 = time.monotonic()
+    try:
+      proc = subprocess.run(cmd, timeout=left, capture_output=True, text=True)
+      if proc.returncode == 0:
+        with open(tmp) as f:
+          results[name] = json.load(f)
+      else:
+        results[name] = {"error": proc.stderr[-3000:]}
+    except subprocess.TimeoutExpired:
+      results[name] = {"error": f"timed out after {left:.0f} s"}
+    results[name]["wall_s"] = time.monotonic() - t0
+    print(name, json.dumps(results[name])[:1500], flush=True)
+    with open(a.out, "w") as f:
+      json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
