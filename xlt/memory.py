@@ -19,7 +19,8 @@ Four parts, each in bytes per device (and `est["global"]`: the same unsharded):
                (partition.freeze zeroes the frozen updates inside the optimizer, so xlt's step
                still forms the frozen leaves' gradients, which its grad norm reads: for that
                recipe the full model's gradients are the safer figure; a mask's figure is what
-               a step that differentiates only the trained leaves holds, as LoRA's does.)
+               a step that differentiates only the trained leaves holds, as LoRA's does and as
+               a `train.static_freeze` tx's does.)
   activations  what the backward pass keeps for one micro-batch (formula below).
 
 Sharding. Parameters, gradients and optimizer state are sized by the shard shapes of the

@@ -21,7 +21,8 @@ modular-training paper (section 3.3) come from `preset_rules`.
 Recipes built on a label tree: `freeze` (train some labels, the papers' requires_grad=False
 on the rest), `alternating` (section 4.5: the partitions take turns under one optimizer),
 `gated_optimizer` (per-member recipes inside one vmapped ensemble step, chosen at run time
-by a flag vector over the cells of `refine`), and `revert` / `combine` (section 6:
+by a flag vector over the cells of `refine`; `frozen_leaves` turns fixed flags into the mask
+of `train.static_freeze`, whose step differentiates only the trained leaves), and `revert` / `combine` (section 6:
 train-then-revert and layer swapping of whole partitions).
 """
 
@@ -358,6 +359,17 @@ def mask_grads(grads, cell_tree, cell_names: Sequence[str], trainable):
   trainable = jnp.asarray(trainable).astype(bool)
   return jax.tree.map(lambda g, cell: jnp.where(trainable[index[cell]], g, jnp.zeros_like(g)),
                       grads, cell_tree)
+
+
+def frozen_leaves(cell_tree, cell_names: Sequence[str], trainable) -> object:
+  """A tree of Python bools: True where the leaf's cell flag is off. Fixed flags (a frozen
+  partition trained alone) make the gated step static: `train.static_freeze(tx, this)`
+  differentiates only the trained leaves, to the same parameters."""
+  trainable = np.asarray(trainable, bool)
+  if trainable.shape != (len(cell_names),):
+    raise ValueError(f"need one flag per cell of {tuple(cell_names)}, got shape {trainable.shape}")
+  index = {n: i for i, n in enumerate(cell_names)}
+  return jax.tree.map(lambda cell: not bool(trainable[index[cell]]), cell_tree)
 
 
 def gated_optimizer(opt_config, cell_tree,

@@ -8,12 +8,17 @@ E=1 is a plain run.
 
 Batches are dicts: tokens [E, B, T] int32 and loss_mask [E, B, T-1] float32 (1 on
 targets after the delimiter). The step takes any optax transformation, so a
-`optax.multi_transform` over a label pytree (partitions) drops in.
+`optax.multi_transform` over a label pytree (partitions) drops in. What a gated optimizer
+freezes (xlt.partition) is data, so its step still differentiates every parameter; a
+transformation from `static_freeze` declares what it freezes when the step is built, and the
+step differentiates only the trained leaves (no weight gradients, no optimizer state for the
+frozen ones).
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -87,6 +92,64 @@ def make_optimizer(c) -> optax.GradientTransformation:
   return with_state_dtype(tx, c.get("state_dtype"))
 
 
+class StaticFreeze(NamedTuple):
+  """An optax transformation (init, update) that trains `inner` on the leaves whose `frozen`
+  flag is False; see `static_freeze`."""
+
+  init: Callable
+  update: Callable
+  inner: Any
+  frozen: Any
+
+
+def _holes(tree, frozen):
+  """(`tree` with None at its `frozen` leaves, fill: such a tree -> a whole one, the frozen
+  leaves taken from `tree`). `frozen` None: (`tree`, identity)."""
+  if frozen is None:
+    return tree, lambda live: live
+  treedef = jax.tree.structure(tree)
+  leaves, flags = treedef.flatten_up_to(tree), treedef.flatten_up_to(frozen)
+  live = treedef.unflatten([None if f else x for x, f in zip(leaves, flags)])
+
+  def fill(live_tree):
+    return treedef.unflatten([x if f else y for x, y, f in zip(leaves, treedef.flatten_up_to(live_tree), flags)])
+
+  return live, fill
+
+
+def static_freeze(tx, frozen) -> StaticFreeze:
+  """`tx` on the leaves whose `frozen` flag is False (a tree of Python bools over what the
+  optimizer trains: the params, or a composite's trained part), fixed when the step is built.
+
+  As an optax transformation it is `partition.freeze`: `tx` keeps state only for the trained
+  leaves (its tree has None at the frozen ones) and sees, clip included, only their gradients;
+  the frozen leaves get zero updates. `train_step` goes further: it differentiates only the
+  trained leaves, so the frozen leaves' weight gradients are never formed, and leaves the
+  frozen leaves as they are, bit for bit. For recipes whose flags change over time, or
+  ensemble members with different recipes, use `partition.gated_optimizer`. Wrap `tx` (e.g.
+  `with_state_dtype`) before, not after: a wrapper would hide the mask from the step."""
+  frozen = jax.tree.map(bool, frozen)
+  inner = optax.with_extra_args_support(tx)
+
+  def init(params):
+    return inner.init(_holes(params, frozen)[0])
+
+  def update(updates, state, params=None, **extra):
+    live = None if params is None else _holes(params, frozen)[0]
+    new, state = inner.update(_holes(updates, frozen)[0], state, live, **extra)
+    return _holes(jax.tree.map(jnp.zeros_like, updates), frozen)[1](new), state
+
+  return StaticFreeze(init, update, inner, frozen)
+
+
+def _static_part(tx, trained):
+  """(the transformation the step updates with, the leaves it differentiates, fill: those
+  leaves -> the whole trained part): a `static_freeze` tx's trained leaves, else all."""
+  if isinstance(tx, StaticFreeze):
+    return (tx.inner, *_holes(trained, tx.frozen))
+  return tx, trained, lambda live: live
+
+
 def loss_sums(cfg: model_lib.Config, params, batch, dropout_rng=None) -> tuple[jax.Array, jax.Array]:
   """(sum of masked token cross-entropies, number of masked tokens) of plain or composite
   params (xlt.composite); with `dropout_rng`, the model's dropout is on (training)."""
@@ -126,16 +189,19 @@ def _grads(cfg, params, batch, accum: int, rebuild=lambda p: p, dropout_rng=None
 def train_step(state: State, batch, *, cfg, tx, accum: int = 1):
   """One model's step. (Members that stopped early never reach it: the loop drops them
   from the ensemble, and `active` only records which ones still train.) A batch with
-  `trainable` flags (partition training) passes them to the gated optimizer."""
+  `trainable` flags (partition training) passes them to the gated optimizer. With a
+  `static_freeze` tx only the trained leaves are differentiated (grad_norm is theirs) and the
+  frozen ones pass through untouched."""
   extra = {"trainable": batch["trainable"]} if "trainable" in batch else {}
   batch = {k: batch[k] for k in ("tokens", "loss_mask")}
   trained, rebuild, more = composite.split(state["params"])
+  tx, live, fill = _static_part(tx, trained)
   # dropout masks from the member's key and the step: the same on a resumed run
   rng = (jax.random.fold_in(jax.random.wrap_key_data(state["dropout_key"]), state["step"])
          if "dropout_key" in state else None)
-  loss, grads = _grads(cfg, trained, batch, accum, rebuild, rng)
-  updates, opt_state = tx.update(grads, state["opt_state"], trained, **extra, **more)
-  new = {**state, "step": state["step"] + 1, "params": rebuild(optax.apply_updates(trained, updates)),
+  loss, grads = _grads(cfg, live, batch, accum, lambda p: rebuild(fill(p)), rng)
+  updates, opt_state = tx.update(grads, state["opt_state"], live, **extra, **more)
+  new = {**state, "step": state["step"] + 1, "params": rebuild(fill(optax.apply_updates(live, updates))),
          "opt_state": opt_state}
   return new, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
@@ -188,7 +254,10 @@ def state_shardings(cfg: model_lib.Config, tx, mesh, rules, abstract_state):
 def make_step(cfg: model_lib.Config, tx, mesh, rules, abstract_state, accum: int = 1,
               gated: bool = False, strategy: str = "auto"):
   """The jitted ensemble step with explicit in/out shardings; the state is donated.
-  `strategy` (xlt.ensemble): how the members are computed; auto suits the mesh's platform."""
+  `strategy` (xlt.ensemble): how the members are computed; auto suits the mesh's platform.
+  `gated`: batches carry `trainable` flags (partition.gated_optimizer). A `static_freeze` tx
+  makes a step that differentiates only its trained leaves (`abstract_state` from
+  `init_state` with the same tx)."""
   st_sh = state_shardings(cfg, tx, mesh, rules, abstract_state)
   strategy = ensemble_lib.resolve(strategy, mesh.devices.flat[0].platform)
   rep = sharding.replicated(mesh)

@@ -9,7 +9,8 @@ files (xlt.data.sft), then composed and merged as the papers do (configs/finetun
                experts of each partition (the other label frozen), simultaneous alternation
                between the two datasets (the resting label frozen). All of them in one
                ensemble under one gated optimizer (`c.together`, as the testbed does) or one
-               stage each; then the parameter-efficient recipes (finetune_peft): the LoRA
+               stage each (a recipe of one phase alone differentiates only what it trains:
+               `static_frozen`); then the parameter-efficient recipes (finetune_peft): the LoRA
                experts, partial and simultaneous LoRA (`c.lora`), trained neurons
                (`c.neurons`). Every member stops early on its validation loss and keeps its
                best parameters;
@@ -278,19 +279,37 @@ def stages(c, prep: Prep, trained: dict):
                                      _loop_config(c, c.train, c.opt))
 
 
+def static_frozen(c, prep: Prep, recipes: list[Recipe]):
+  """What a stage of `recipes` freezes when that is fixed: a tree of bools over the params
+  (True: frozen; all False for a full expert) for one recipe of one phase, trained alone
+  (`c.together` False). None when the stage needs the gated step: several recipes in one
+  ensemble, or phases taking turns (simultaneous alternation)."""
+  if len(recipes) != 1 or len(recipes[0].phases) != 1:
+    return None
+  return partition.frozen_leaves(prep.cell_tree, prep.cells, _flags(prep, c, recipes[0].phases[0][1]))
+
+
 def _weights_stage(c, prep: Prep, recipes: list[Recipe], name: str) -> kind_lib.Stage:
-  """Recipes fine-tuning the weights from the base, under one gated optimizer: a member's
-  recipe (which partition cells each phase trains) is data."""
-  members = [loop_lib.Member(r.name, c.seed + 1000 + i, tuple(prep.data[d].train for d, _ in r.phases),
-                             tuple(_flags(prep, c, w) for _, w in r.phases), r.steps_per_phase)
+  """Recipes fine-tuning the weights from the base. Several recipes, or one whose phases take
+  turns, train under one gated optimizer: a member's recipe (which partition cells each phase
+  trains) is data. A recipe with one phase trained alone takes a static step
+  (`static_frozen`): only its trained leaves are differentiated and hold optimizer state."""
+  frozen = static_frozen(c, prep, recipes)
+  if frozen is None:
+    flags = lambda r: tuple(_flags(prep, c, w) for _, w in r.phases)
+    tx = train_lib.with_state_dtype(partition.gated_optimizer(c.opt, prep.cell_tree, prep.cells), c.opt.state_dtype)
+  else:
+    flags = lambda r: None
+    tx = train_lib.static_freeze(train_lib.make_optimizer(c.opt), frozen)
+  members = [loop_lib.Member(r.name, c.seed + 1000 + i, tuple(prep.data[d].train for d, _ in r.phases), flags(r),
+                             r.steps_per_phase)
              for i, r in enumerate(recipes)]
-  print(f"finetune: stage {name}: {', '.join(r.name for r in recipes)}; partition cells {list(prep.cells)}",
-        flush=True)
+  step = "gated" if frozen is None else "static"
+  print(f"finetune: stage {name}: {', '.join(r.name for r in recipes)}; partition cells {list(prep.cells)}; "
+        f"{step} step", flush=True)
   return kind_lib.Stage(name, prep.cfg, members, val_score(c, prep, [r.val for r in recipes]),
                         config=_loop_config(c, c.train, c.opt), init_params=_stack([prep.base] * len(recipes)),
-                        tx=train_lib.with_state_dtype(partition.gated_optimizer(c.opt, prep.cell_tree, prep.cells),
-                                                      c.opt.state_dtype),
-                        info={"recipes": [r.name for r in recipes]})
+                        tx=tx, info={"recipes": [r.name for r in recipes], "step": step})
 
 
 # --------------------------------------------------------------------------- outputs
