@@ -11,8 +11,9 @@ Recipes, each with remat (jax.checkpoint per block) and bf16 parameters and acti
                (opt.state_dtype, xlt.train.with_state_dtype)
   frozen [C]   the partial task expert: the middle blocks trained, the bottom 6 and top 2 of 32
                (scaled to the depth), embeddings and head frozen: no Adam state, and the
-               gradients of the trained blocks only (xlt.memory's `trainable` mask; xlt's gated
-               step still forms every gradient, so add the full model's minus these for it)
+               gradients of the trained blocks only (xlt.memory's `trainable` mask): the static
+               step a partial expert trained alone takes (xlt.train.static_freeze); the gated
+               step of recipes trained together forms every gradient and moment)
   LoRA r=16    adapters on every attention and MLP projection, the base frozen
 
 Devices: one 80 GB GPU (a mesh of 1 device) and a TPU v5e-8 slice (16 GiB HBM per chip, the
