@@ -5,9 +5,11 @@ import os
 
 import jax
 import numpy as np
+import ml_collections
 import pytest
 
 from configs import merge as merge_config
+from configs import merge_peft
 from xlt import model, partition, runner
 from xlt.data import arithmetic
 from xlt.experiments import testbed, testbed_plan
@@ -15,10 +17,12 @@ from xlt.experiments import testbed, testbed_plan
 
 @pytest.fixture
 def tiny():
-  c = merge_config.get_config()
+  c = merge_peft.get_config()  # every recipe: the default's, and the second config's
+  c.name = "merge_testbed"
   c.num_seeds = 2
   c.arithmetic.min_digits = c.arithmetic.max_digits = 2
   c.arithmetic.num_test, c.arithmetic.num_val = 16, 8
+  c.arithmetic.num_test_by_op = {"add_digit": 16}
   ops = merge_config.OTHER_OPS
   c.data.base = merge_config.parts(ops, "standard", 40, 20) + merge_config.parts(ops, "letter", 20, 10)
   c.data.task = (("add_digit", "standard", 40),)
@@ -137,6 +141,20 @@ def test_arithmetic_problems():
     arithmetic.train_problems("succ", "standard", 900, ac)
   with pytest.raises(ValueError, match="unknown operation"):
     arithmetic.make_example("mul", 1, 2, "standard")
+
+
+def test_num_test_by_op_sizes_one_operations_test_set():
+  ac = ml_collections.ConfigDict(dict(min_digits=3, max_digits=3, seed=0, num_test=200, num_val=64))
+  test, val = arithmetic.held_out("add_digit", ac)
+  ac.num_test_by_op = {"add_digit": 1000}
+  big, big_val = arithmetic.held_out("add_digit", ac)
+  assert (len(test), len(big), len(big_val)) == (200, 1000, 64)
+  assert len(arithmetic.held_out("copy", ac)[0]) == 200  # the others keep num_test
+  held = {p for p in big + big_val}
+  assert not held & set(arithmetic.train_problems("add_digit", "standard", 2000, ac))
+  ac.num_test_by_op = {"mul": 10}
+  with pytest.raises(ValueError, match="unknown operations"):
+    arithmetic.held_out("copy", ac)
 
 
 def test_plan_lists_every_trained_recipe_once_with_its_variant(tiny):

@@ -111,10 +111,21 @@ def _problems(op: str, n: int, seed, ac, exclude=frozenset()) -> list[tuple[int,
   return [(int(a), second) for a in np.random.default_rng(seed).permutation(pool)[:n]]
 
 
+def num_test(op: str, ac) -> int:
+  """Test problems of `op`: `ac.num_test_by_op[op]` where given, else `ac.num_test` (an
+  operation whose pool is large, like the testbed's task, can afford a larger test set than a
+  one-operand operation over 900 numbers)."""
+  by_op = ac.get("num_test_by_op") or {}
+  if unknown := set(by_op) - set(OPERATIONS):
+    raise ValueError(f"arithmetic.num_test_by_op names unknown operations {sorted(unknown)}")
+  return int(by_op.get(op, ac.num_test))
+
+
 def held_out(op: str, ac) -> tuple[list, list]:
   """(test, validation) problems of an operation, shared by every language."""
-  probs = _problems(op, ac.num_test + ac.num_val, np.random.SeedSequence([ac.seed, OPERATIONS.index(op), 1]), ac)
-  return probs[:ac.num_test], probs[ac.num_test:]
+  n = num_test(op, ac)
+  probs = _problems(op, n + ac.num_val, np.random.SeedSequence([ac.seed, OPERATIONS.index(op), 1]), ac)
+  return probs[:n], probs[n:]
 
 
 def train_problems(op: str, language: str, n: int, ac) -> list[tuple[int, int | None]]:

@@ -1,0 +1,96 @@
+"""Is the merge testbed an instrument? Two finished runs of the same config that differ only in
+float rounding (the default 2 CPU devices against `XLT_CPU_DEVICES=1`), side by side:
+
+  python benchmarks/testbed_stability.py runs/merge runs/merge_1dev --out=results/benchmarks/merge_stability.json
+
+The test (issue 33): the same set of recipes significantly above the best single expert on the
+goal (the paired 95% interval of the difference above 0 in both runs), and no row's mean moving
+by more than its interval: |mean_2 - mean_1| <= the first run's 95% half-width, for every model
+on every role (goal, task, language, source language; exact match). Prints a markdown table of
+every model's goal and the rows that moved, writes the comparison as JSON, and exits 1 when the
+test fails (0 when it holds), so a script can check it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def load_rows(workdir: str) -> dict:
+  """{(model, role): row} of a finished testbed workdir's exact-match rows."""
+  path = os.path.join(workdir, "results.json")
+  if not os.path.isfile(path):
+    raise SystemExit(f"testbed_stability: {path} does not exist (is {workdir} a finished testbed run?)")
+  with open(path) as f:
+    rows = json.load(f)
+  return {(r["condition"], r["role"]): r for r in rows if r.get("metric") == "exact_match"}
+
+
+def significant(rows: dict) -> set[str]:
+  """The models whose goal is significantly above the best expert's (paired interval > 0)."""
+  return {m for (m, role), r in rows.items() if role == "goal" and (r.get("vs_best_expert") or {}).get("sign") == "+"}
+
+
+def compare(first: dict, second: dict) -> dict:
+  """The module doc's test over the rows both runs have."""
+  moved, table = [], []
+  for key in first:
+    if key not in second:
+      continue
+    a, b = first[key], second[key]
+    half = a.get("ci95")
+    delta = b["mean"] - a["mean"]
+    entry = {"model": key[0], "role": key[1], "first": a["mean"], "first_half": half, "second": b["mean"],
+             "second_half": b.get("ci95"), "delta": delta,
+             "within": half is not None and abs(delta) <= half + 1e-12}
+    table.append(entry)
+    if not entry["within"]:
+      moved.append(entry)
+  sig1, sig2 = significant(first), significant(second)
+  return {"rows": table, "moved": moved, "significant_first": sorted(sig1), "significant_second": sorted(sig2),
+          "same_significant_set": sig1 == sig2, "holds": sig1 == sig2 and not moved}
+
+
+def markdown(result: dict, first: dict, second: dict) -> str:
+  pct = lambda x: "–" if x is None else f"{100 * x:.2f}"
+  out = ["| model | goal, run 1 (± 95%) | goal, run 2 (± 95%) | Δ | within run 1's interval | "
+         "above best expert: run 1 / run 2 |", "|---|---|---|---|---|---|"]
+  for e in result["rows"]:
+    if e["role"] != "goal":
+      continue
+    s1 = (first[(e["model"], "goal")].get("vs_best_expert") or {}).get("sign") or "·"
+    s2 = (second[(e["model"], "goal")].get("vs_best_expert") or {}).get("sign") or "·"
+    out.append(f"| {e['model']} | {pct(e['first'])} ± {pct(e['first_half'])} | {pct(e['second'])} ± "
+               f"{pct(e['second_half'])} | {100 * e['delta']:+.2f} | {'yes' if e['within'] else 'NO'} | {s1} / {s2} |")
+  moved = [f"{e['model']} / {e['role']}: {pct(e['first'])} ± {pct(e['first_half'])} -> {pct(e['second'])}"
+           for e in result["moved"]]
+  out += ["", f"Significantly above the best expert: run 1 {result['significant_first']}, run 2 "
+          f"{result['significant_second']} ({'the same' if result['same_significant_set'] else 'DIFFERENT'}).",
+          f"Rows outside run 1's interval ({len(moved)} of {len(result['rows'])}): " + ("; ".join(moved) or "none"),
+          f"Stability test: {'holds' if result['holds'] else 'FAILS'}."]
+  return "\n".join(out)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("first", help="the default run's workdir")
+  p.add_argument("second", help="the rerun's workdir (other float rounding)")
+  p.add_argument("--out", default="", help="write the comparison as JSON here")
+  a = p.parse_args(argv)
+  first, second = load_rows(a.first), load_rows(a.second)
+  result = compare(first, second)
+  print(markdown(result, first, second))
+  if a.out:
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    tmp = a.out + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump({"first": os.path.abspath(a.first), "second": os.path.abspath(a.second), **result}, f, indent=1)
+    os.replace(tmp, a.out)
+  return 0 if result["holds"] else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
