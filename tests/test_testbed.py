@@ -176,8 +176,8 @@ def test_plan_lists_every_trained_recipe_once_with_its_variant(tiny):
 
 
 def test_replay_adds_a_fixed_share_of_the_base_data(tiny):
+  tiny.finetune.replay = 0.0
   plain = testbed.datasets(tiny)
-  assert tiny.finetune.replay == 0.0
   for name in ("base", "task", "language", "source_language"):  # replay 0: the mixtures as they were
     assert plain[name] == arithmetic.mixture(tiny.data[name], tiny.arithmetic), name
   assert plain["mixed"] == plain["task"] + plain["language"]

@@ -23,6 +23,7 @@ Kinds:
   graph, addition  xlt.experiments.synthetic  language mixing on the synthetic tasks (Tables 2, 3)
   text             xlt.experiments.text       language modelling, perplexity (Table 4)
   arithmetic       xlt.experiments.testbed    the merge testbed: base -> experts -> merges -> scores
+  arithmetic_regimes  xlt.experiments.testbed_regimes  the testbed per fine-tuning regime: the regime map
   finetune         xlt.experiments.finetune   the recipes on a Hugging Face model: experts, partitions,
                                               LoRA, merges, each written as a Hugging Face directory
   pretrain_hf      xlt.experiments.pretrain_hf  a small Llama-shaped base on xlt's own data, written

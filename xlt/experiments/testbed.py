@@ -4,7 +4,8 @@ other data, where the answer is known by construction (configs/merge.py document
 The data flow, one stage per step, every stage an ensemble over seeds:
 
   1. base        trained from scratch on the non-task operations in both languages
-                 (workdir/base);
+                 (workdir/base), or a Hugging Face model the user brings (`base_model`:
+                 testbed_text, the task as text in its tokenizer);
   2. fine-tunes  every recipe (testbed_plan.plan: what each trains on, and `finetune.replay`
                  of the base's data) from its seed's base, all recipes and seeds in ONE
                  ensemble: partition recipes (a frozen partition, partitions taking turns)
@@ -45,7 +46,7 @@ from xlt import partition
 from xlt import results as results_lib
 from xlt.data import arithmetic, common
 from xlt.experiments import common as kind_lib
-from xlt.experiments import testbed_peft, testbed_plan, testbed_report
+from xlt.experiments import testbed_peft, testbed_plan, testbed_report, testbed_text
 from xlt.experiments.testbed_plan import ALL, Recipe
 
 # the merge registry's inputs the testbed has (compose fills each): checked before training
@@ -183,8 +184,8 @@ def _member(stacked, i):
 @dataclasses.dataclass(frozen=True)
 class Prep:
   """What `prepare` built: the seeds, the evaluation sets of each role, every recipe of every
-  stage (testbed_plan.plan), the model, the task (tokenizer and evaluation sets) and the
-  encoded training sets by name."""
+  stage (testbed_plan.plan), the model, the task (tokenizer and evaluation sets), the
+  encoded training sets by name, and the params of `c.base_model` (None: xlt's own base)."""
 
   seeds: list[int]
   sets: dict[str, list[str]]
@@ -192,6 +193,7 @@ class Prep:
   cfg: model_lib.Config
   task: common.Task
   data: dict[str, dict[str, np.ndarray]]
+  loaded: object = None
 
   def of(self, variant: str) -> list[Recipe]:
     """The recipes of one variant ("full", "lora", "neurons"), in member order."""
@@ -199,11 +201,17 @@ class Prep:
 
 
 def prepare(c, workdir: str) -> Prep:
-  """Checks the config against the model and builds the problem sets (in memory)."""
+  """Checks the config against the model and builds the problem sets (in memory); with
+  `c.base_model`, from that Hugging Face model and its tokenizer (testbed_text)."""
   del workdir
   seeds = kind_lib.condition_seeds(c, "all")
   sets = roles(c)
   recipes = testbed_plan.plan(c)
+  if c.get("base_model"):
+    cfg, task, data, loaded = testbed_text.prepare(c, lambda layers: check(c, layers), datasets(c),
+                                                   *arithmetic.eval_sets([n for r in sets.values() for n in r],
+                                                                         c.arithmetic))
+    return Prep(seeds, sets, recipes, cfg, task, data, loaded)
   tok = common.WordTokenizer(arithmetic.symbols())
   seq_len = arithmetic.max_length(c.arithmetic.max_digits)
   cfg = model_lib.config_from(c.model.to_dict(), tok.vocab_size)
@@ -232,7 +240,11 @@ def val_score(c, prep: Prep, member_sets: list[list[str]], plain=None) -> kind_l
 def stages(c, prep: Prep, trained: dict):
   """1. the base; 2. every recipe x seed from its seed's base, in one ensemble; then the
   parameter-efficient stages of testbed_peft (LoRA; MAET's short runs and key-neuron runs)."""
-  yield _base_stage(c, prep)
+  base_stage = _base_stage(c, prep)
+  if isinstance(base_stage, kind_lib.Trained):  # a loaded model as it is (testbed_text.base_stage)
+    trained["base"] = base_stage
+  else:
+    yield base_stage
   base = trained["base"].params
   yield _finetune_stage(c, prep, base)
   peft_val = lambda member_sets: val_score(c, prep, member_sets, plain=testbed_peft.plain)
@@ -243,12 +255,15 @@ def stages(c, prep: Prep, trained: dict):
     yield testbed_peft.maet_neurons_stage(c, prep, base, trained["maet_short"].params, peft_val)
 
 
-def _base_stage(c, prep: Prep) -> kind_lib.Stage:
-  """Trained from scratch on the non-task operations in both languages."""
+def _base_stage(c, prep: Prep) -> kind_lib.Stage | kind_lib.Trained:
+  """Trained from scratch on the non-task operations in both languages; with `c.base_model`,
+  that model fine-tuned on them or used as it is (testbed_text.base_stage)."""
   base_sets = prep.sets["language"] + prep.sets["source_language"]
   members = [loop_lib.Member(f"base/seed_{s}", s, prep.data["base"]) for s in prep.seeds]
-  return kind_lib.Stage("base", prep.cfg, members, val_score(c, prep, [base_sets] * len(prep.seeds)),
-                        config=_stage(c, c.base))
+  score = val_score(c, prep, [base_sets] * len(prep.seeds))
+  if prep.loaded is not None:
+    return testbed_text.base_stage(c, prep.cfg, prep.loaded, members, score, _stage(c, c.base))
+  return kind_lib.Stage("base", prep.cfg, members, score, config=_stage(c, c.base))
 
 
 def _finetune_stage(c, prep: Prep, base) -> kind_lib.Stage:
@@ -322,9 +337,10 @@ def _summary(c, trained: dict, heatmaps: dict, models_per_seed: int, merge_s: fl
                                            "merge_and_score": merge_s, "total": t_trained + merge_s}}
 
 
-def _score_all(cfg, task, per_seed, sets, batch, seeds, workdir, chunk: int = 48):
+def _score_all(cfg, task, per_seed, sets, batch, seeds, workdir, chunk: int = 48,
+               predictions_file: str = "predictions.jsonl"):
   """{model name: {set name: {metric: [value per seed]}}}, decoding models in chunks; every
-  answer goes to workdir/predictions.jsonl (member "<model>/seed_<s>")."""
+  answer goes to workdir/`predictions_file` (member "<model>/seed_<s>")."""
   flat = [(name, i, params) for i, models in enumerate(per_seed) for name, params in models.items()]
   wanted = [n for r in testbed_report.ROLES for n in sets[r]]
   out, predictions = {}, []
@@ -339,14 +355,14 @@ def _score_all(cfg, task, per_seed, sets, batch, seeds, workdir, chunk: int = 48
       for n, metrics in s.items():
         for k, v in metrics.items():
           out.setdefault(name, {}).setdefault(n, {}).setdefault(k, [None] * len(per_seed))[i] = v
-  results_lib.write_predictions(os.path.join(workdir, "predictions.jsonl"), predictions,
+  results_lib.write_predictions(os.path.join(workdir, predictions_file), predictions,
                            [f"{name}/seed_{seeds[i]}" for name, i, _ in flat])
   return out
 
 
-def _heatmaps(c, workdir, base, tuned, recipes, seeds) -> dict:
+def _heatmaps(c, workdir, base, tuned, recipes, seeds, tag: str = "") -> dict:
   """Where each expert changed (share of rows whose mean |delta| exceeds the threshold),
-  averaged over seeds; one PNG and the numbers per expert."""
+  averaged over seeds; one PNG (delta_<expert><tag>.png) and the numbers per expert."""
   out = {}
   for k, r in enumerate(recipes):
     if r.name not in ("task expert", "language expert"):
@@ -358,7 +374,7 @@ def _heatmaps(c, workdir, base, tuned, recipes, seeds) -> dict:
       changes.append(merge.row_change(expert, b, threshold=threshold))
     mean = {**changes[0], "share": np.mean([ch["share"] for ch in changes], axis=0).tolist(),
             "non_block": {k2: float(np.mean([ch["non_block"][k2] for ch in changes])) for k2 in changes[0]["non_block"]}}
-    slug = r.name.replace(" ", "_")
+    slug = r.name.replace(" ", "_") + tag
     merge.plot_row_change(mean, os.path.join(workdir, f"delta_{slug}.png"),
                           f"{r.name}: share of rows changed (mean over {len(seeds)} seeds)")
     out[r.name] = {"png": f"delta_{slug}.png", "share": mean["share"], "columns": mean["columns"],
