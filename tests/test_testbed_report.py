@@ -98,3 +98,20 @@ def test_results_file_and_render_of_the_new_fields(rows, tmp_path):
   assert "goal − task expert +43.33 [28.99, 57.68] ▲" in text
   assert "retention 88.9" in text
   assert "| task expert: goal (exact_match %) | – | 20.00 ± 10.00 (95% CI ± 24.84) (3 seeds) |" in text
+
+
+def test_collect_of_the_regime_map_keys_each_regime(rows, tmp_path):
+  w = tmp_path / "run"
+  w.mkdir()
+  both = [{**r, "task": "arithmetic_regimes", "regime": i, "peak_lr": lr, "finetune_steps": 800,
+           "task_expert_delta": d, "language_expert_delta": d / 2}
+          for i, (lr, d) in enumerate(((3e-4, 0.01), (1e-3, 0.04))) for r in rows]
+  (w / "results.json").write_text(json.dumps(both))
+  (w / "summary.json").write_text(json.dumps({"wall_s": {"total": 10.0}}))
+  got = report.collect(str(w), "configs/merge_regimes.py", "toy_regimes", results_dir=str(tmp_path / "r"),
+                       commit="c", date="d", where="m")
+  keys = [m["key"] for m in got["measurements"]]
+  assert keys == [f"r{i}/{name}" for i in (0, 1) for name in SCORES]
+  up = next(m for m in got["measurements"] if m["key"] == "r1/merge up")
+  assert up["label"] == "r1 (lr 0.001, 800 steps, task expert moved 0.04) merge up: goal"
+  assert up["xlt"]["mean"] == 63.33 and not up["summary"]

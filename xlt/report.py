@@ -42,7 +42,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.path.join(ROOT, "results")
 DOC = os.path.join(ROOT, "docs", "results.md")
 # the headline metric of each task (a row's `task`), and the metrics that are fractions (shown in %)
-METRIC = {"graph": "valid", "addition": "exact_match", "text": "ppl_token", "arithmetic": "exact_match"}
+METRIC = {"graph": "valid", "addition": "exact_match", "text": "ppl_token", "arithmetic": "exact_match",
+          "arithmetic_regimes": "exact_match"}
 FRACTIONS = ("valid", "shortest", "exact_match", "any_script")
 BASELINES = ("alone", "low_limited")  # the condition a mixed figure is compared with
 MEASURED = ("commit", "date", "machine", "wall_time")
@@ -346,6 +347,19 @@ def _testbed(rows: list[dict]) -> list[dict]:
   return out
 
 
+def _regimes(rows: list[dict]) -> list[dict]:
+  """The regime map (rows with a `regime`): the testbed's measurements of each regime, keyed
+  r<i>/<model> and labelled with the regime's learning rate, steps and the task expert's delta."""
+  out = []
+  for i in sorted({r["regime"] for r in rows}):
+    mine = [r for r in rows if r["regime"] == i]
+    where = (f"r{i} (lr {mine[0]['peak_lr']:g}, {mine[0]['finetune_steps']} steps, task expert moved "
+             f"{mine[0]['task_expert_delta']:.3g})")
+    for m in _testbed(mine):
+      out.append({**m, "key": f"r{i}/{m['key']}", "label": f"{where} {m['label']}", "summary": False})
+  return out
+
+
 def _wall(summary: dict) -> str:
   wall = summary.get("wall_s")
   if isinstance(wall, dict):
@@ -372,7 +386,10 @@ def collect(workdir: str, config: str, name: str, command: str | None = None, me
   if metric is None or not any(r["metric"] == metric for r in rows):
     raise UserError(f"{workdir}: no rows of metric {metric!r} (its metrics: {sorted({r['metric'] for r in rows})})")
   scale = 100 if metric in FRACTIONS else 1
-  new = _testbed(rows) if task == "arithmetic" else _transfer(rows, metric, scale)
+  if task in ("arithmetic", "arithmetic_regimes"):
+    new = _regimes(rows) if "regime" in rows[0] else _testbed(rows)
+  else:
+    new = _transfer(rows, metric, scale)
   path = os.path.join(results_dir, f"{name}.json")
   old = _read_json(path, "results file") if os.path.isfile(path) else {}
   old_by_key = {m.get("key"): m for m in old.get("measurements", [])}
