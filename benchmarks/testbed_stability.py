@@ -46,6 +46,10 @@ def compare(first: dict, second: dict) -> dict:
     entry = {"model": key[0], "role": key[1], "first": a["mean"], "first_half": half, "second": b["mean"],
              "second_half": b.get("ci95"), "delta": delta,
              "within": half is not None and abs(delta) <= half + 1e-12}
+    if key[1] == "goal":  # each run's paired difference to its best expert
+      entry.update({f"{run}_vs_best": {k: (r.get("vs_best_expert") or {}).get(k) for k in ("expert", "mean", "low",
+                                                                                          "high", "sign")}
+                    for run, r in (("first", a), ("second", b))})
     table.append(entry)
     if not entry["within"]:
       moved.append(entry)
