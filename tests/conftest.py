@@ -59,3 +59,31 @@ def small_graph_config():
   c.eval.batch_size = 64
   c.mesh.data, c.mesh.devices = 1, 1
   return c
+
+
+@pytest.fixture
+def shrink_testbed():
+  """A function that shrinks a merge-testbed config (configs/merge*.py) to the tests' tiny
+  sizes: 2-digit operands, a few dozen examples, a 4-block width-16 model, 6 steps a stage."""
+  from configs import merge as merge_config
+
+  def shrink(c):
+    c.arithmetic.min_digits = c.arithmetic.max_digits = 2
+    c.arithmetic.num_test, c.arithmetic.num_val = 16, 8
+    c.arithmetic.num_test_by_op = {"add_digit": 16}
+    ops = merge_config.OTHER_OPS
+    c.data.base = merge_config.parts(ops, "standard", 40, 20) + merge_config.parts(ops, "letter", 20, 10)
+    c.data.task = (("add_digit", "standard", 40),)
+    c.data.language = merge_config.parts(ops, "letter", 40, 20)
+    c.data.source_language = merge_config.parts(ops, "standard", 40, 20)
+    c.model.num_layers, c.model.d_model, c.model.num_heads = 4, 16, 2
+    c.partition.bottom = c.partition.top = 1
+    for stage in (c.base, c.finetune, c.lora, c.maet_neurons.short):
+      stage.train.steps, stage.train.eval_every, stage.train.batch_size = 6, 3, 8
+      stage.train.checkpoint_every, stage.train.min_steps = 3, 0
+    c.merge.swaps = ("1,1,0", "1,1,1")
+    c.eval.batch_size = 16
+    c.mesh.devices = 1
+    return c
+
+  return shrink

@@ -9,33 +9,16 @@ import jax
 import numpy as np
 import pytest
 
-from configs import merge as merge_config
 from configs import merge_regimes
 from xlt import runner
 from xlt.experiments import testbed, testbed_regimes, testbed_regimes_report
 
 
 @pytest.fixture
-def tiny():
-  c = merge_regimes.get_config()
+def tiny(shrink_testbed):
+  c = shrink_testbed(merge_regimes.get_config())
   c.num_seeds = 1
   c.regimes = ((1e-4, 6), (1e-2, 6))
-  c.arithmetic.min_digits = c.arithmetic.max_digits = 2
-  c.arithmetic.num_test, c.arithmetic.num_val = 16, 8
-  c.arithmetic.num_test_by_op = {"add_digit": 16}
-  ops = merge_config.OTHER_OPS
-  c.data.base = merge_config.parts(ops, "standard", 40, 20) + merge_config.parts(ops, "letter", 20, 10)
-  c.data.task = (("add_digit", "standard", 40),)
-  c.data.language = merge_config.parts(ops, "letter", 40, 20)
-  c.data.source_language = merge_config.parts(ops, "standard", 40, 20)
-  c.model.num_layers, c.model.d_model, c.model.num_heads = 4, 16, 2
-  c.partition.bottom = c.partition.top = 1
-  for stage in (c.base, c.finetune):
-    stage.train.steps, stage.train.eval_every, stage.train.batch_size = 6, 3, 8
-    stage.train.checkpoint_every, stage.train.min_steps = 3, 0
-  c.merge.swaps = ("1,1,0", "1,1,1")
-  c.eval.batch_size = 16
-  c.mesh.devices = 1
   return c
 
 
