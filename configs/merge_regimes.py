@@ -10,16 +10,18 @@ data mixing, the partial experts and simultaneous training of each partition pre
 merge built from them (freeze-then-train, train-then-revert, layer swaps, soups, task
 arithmetic, TIES, DARE, MAET), with the default's seeds. The LoRA and trained-neuron recipes
 are off, to keep a run affordable: per regime the default's full fine-tunes (recipes x seeds in
-one ensemble), so (400 + 3 x 800) / 800 = 3.5 times the default's fine-tuning steps. Writes table.md (one row per recipe, one column
-per regime), regime_map.png (goal exact match against the task expert's relative delta, a line
-per recipe family), results rows with a `regime` field, and per regime table_r<i>.md,
-predictions_r<i>.jsonl and delta_<expert>_r<i>.png (where each expert changed).
+one ensemble), so (400 + 3 x 800) / 800 = 3.5 times the default's fine-tuning steps. Writes
+table.md (one row per recipe, one column per regime), regime_map.png (goal exact match against
+the task expert's relative delta, a line per recipe family), results rows with a `regime`
+field, and per regime table_r<i>.md, predictions_r<i>.jsonl and delta_<expert>_r<i>.png (where
+each expert changed).
 
 Regimes, fixed by rule before any result: a geometric learning-rate grid around the default's
 3e-4 in half-decades (1e-4, 3e-4, 1e-3, 3e-3), each at the default's 800 steps, except the
 smallest at the default's min_steps (400), which extends the range of movement downward; the
 default's warm-up, schedule and early stopping (min_steps and warm-up capped at a regime's steps).
-Not a table of the papers: no reference numbers; xlt's figures are in the workdir once run.
+Not a table of the papers: no reference numbers. xlt's figures: results/merge_regimes.json,
+docs/results.md, docs/testbed.md (the map).
 """
 
 from configs import merge

@@ -30,6 +30,7 @@ def _base_config():
   c.data.language = merge_config.parts(ops, tgt, 20, 10)
   c.data.val_fraction = 0.1
   c.arithmetic.num_test, c.arithmetic.num_val = 8, 4
+  c.arithmetic.num_test_by_op = {"add_digit": 8}
   c.model.num_layers, c.model.d_model, c.model.num_heads, c.model.mlp_dim, c.model.block_size = 3, 32, 4, 64, 64
   c.train.steps, c.train.eval_every, c.train.batch_size, c.train.checkpoint_every = 6, 3, 16, 3
   c.opt.warmup_steps = 1

@@ -150,10 +150,10 @@ def test_bad_lora_arguments_fail_clearly():
 
 
 def test_testbed_lora_compositions_take_the_right_adapters():
-  from configs import merge as merge_config
+  from configs import merge_peft
   from xlt.experiments import testbed_peft
 
-  c = merge_config.get_config()
+  c = merge_peft.get_config()  # the config with the LoRA recipes
   c.lora.presets, c.lora.swaps = ("C",), ("1,1,0",)
   params = jax.tree.map(np.asarray, base())
   names = [r.name for r in testbed_peft.lora_plan(c)]

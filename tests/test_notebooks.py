@@ -34,7 +34,7 @@ BATCH, EVAL_EVERY = 8, 3
 SEEDS, DIGITS, OPS = 1, 2, ('add_one', 'max')
 BINARY, UNARY, TARGET_IN_BASE = 40, 20, 10
 PRESETS, SWITCH, SWAPS = ('C',), (1,), ('1,1,0',)
-NUM_TEST = 16
+NUM_TEST = GOAL_TEST = 16
 LAYERS, HEADS, WIDTH = 4, 2, 16
 BASE = dict(steps=6, batch_size=8, eval_every=3, checkpoint_every=3)
 FINETUNE = dict(steps=6, batch_size=8, eval_every=3, checkpoint_every=3, min_steps=0)
@@ -109,8 +109,10 @@ def test_default_parameters_are_the_configs_full_sizes():
       c.addition.max_digits, c.train.steps, c.num_seeds, c.addition.num_test, c.train.batch_size)
   assert (p["LAYERS"], p["HEADS"], p["WIDTH"]) == (c.model.num_layers, c.model.num_heads, c.model.d_model)
   p, c = parameters("merging_walkthrough.ipynb"), merge.get_config()
-  assert (p["SEEDS"], p["OPS"], p["PRESETS"], p["SWAPS"], p["NUM_TEST"]) == (
-      c.num_seeds, tuple(c.other_ops), tuple(c.partition.presets), tuple(c.merge.swaps), c.arithmetic.num_test)
+  assert (p["SEEDS"], p["OPS"], p["PRESETS"], p["SWAPS"], p["NUM_TEST"], p["GOAL_TEST"]) == (
+      c.num_seeds, tuple(c.other_ops), tuple(c.partition.presets), tuple(c.merge.swaps), c.arithmetic.num_test,
+      c.arithmetic.num_test_by_op["add_digit"])
+  assert p["SWITCH"] == tuple(c.simultaneous.steps_per_switch)
   assert c.data.base == merge.parts(p["OPS"], "standard", p["BINARY"], p["UNARY"]) + merge.parts(
       p["OPS"], "letter", p["TARGET_IN_BASE"], p["TARGET_IN_BASE"])
   assert all(c.base.train[k] == v for k, v in p["BASE"].items())
