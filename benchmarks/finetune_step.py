@@ -55,6 +55,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.compare import OPT, _busy_seconds, machine, median_seconds, version  # noqa: E402
+from benchmarks.hf_models import write_checkpoint  # noqa: E402
 
 # LlamaConfig keyword arguments and the batch of each shape
 SHAPES = {
@@ -70,27 +71,7 @@ TOOLS = ("xlt", "torch")
 SEED = 0
 
 
-# ---------------------------------------------------------------------------- checkpoints
-
-
-def write_checkpoint(path: str, shape: dict) -> None:
-  """A seeded random LlamaForCausalLM of `shape`, float32, saved by transformers (kept when
-  `path` already holds one of the same shape and seed)."""
-  stamp = os.path.join(path, "benchmark.json")
-  want = {"shape": shape, "seed": SEED}
-  if os.path.exists(stamp):
-    with open(stamp) as f:
-      if json.load(f) == want:
-        return
-  import torch
-  import transformers
-
-  torch.manual_seed(SEED)
-  config = transformers.LlamaConfig(max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                                    **shape)
-  transformers.LlamaForCausalLM(config).to(torch.float32).save_pretrained(path)
-  with open(stamp, "w") as f:
-    json.dump(want, f)
+# ---------------------------------------------------------------------------- the batch
 
 
 def tokens(spec: dict):
@@ -276,7 +257,7 @@ def main(a) -> None:
   timing = (dict(warmup=1, steps=2, min_seconds=0.0) if a.quick else
             dict(warmup=a.warmup, steps=a.steps, min_seconds=a.min_seconds))
   for shape, spec in SHAPES.items():
-    write_checkpoint(os.path.join(a.workdir, shape), spec["config"])
+    write_checkpoint(os.path.join(a.workdir, shape), spec["config"], SEED)
   report = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"), "machine": machine(),
             "versions": {p: version(p) for p in ("jax", "torch", "transformers", "peft")}, "timing": timing,
             "shapes": SHAPES, "lora": LORA, "targets": TARGETS, "opt": OPT, "rounds": []}

@@ -79,9 +79,10 @@ def checkpoint_bytes(path: str) -> int:
 # ---------------------------------------------------------------------------- children
 
 
-def write_checkpoint(path: str, shape: dict, seed: int, shard: str) -> None:
-  """A random LlamaForCausalLM of `shape`, float32, saved by transformers (kept when `path`
-  already holds one of the same shape and seed)."""
+def write_checkpoint(path: str, shape: dict, seed: int, shard: str | None = None) -> None:
+  """A random LlamaForCausalLM of `shape`, float32, saved by transformers in files of at most
+  `shard` (None: transformers' default) (kept when `path` already holds one of the same shape,
+  seed and shard). benchmarks/finetune_step.py writes its checkpoints with it too."""
   stamp = os.path.join(path, "benchmark.json")
   want = {"shape": shape, "seed": seed, "shard": shard}
   if os.path.exists(stamp):
@@ -95,7 +96,7 @@ def write_checkpoint(path: str, shape: dict, seed: int, shard: str) -> None:
   config = transformers.LlamaConfig(max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=False,
                                     **shape)
   model = transformers.LlamaForCausalLM(config).to(torch.float32).eval()
-  model.save_pretrained(path, max_shard_size=shard)
+  model.save_pretrained(path, **({"max_shard_size": shard} if shard else {}))
   with open(stamp, "w") as f:
     json.dump(want, f)
 
