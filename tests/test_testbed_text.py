@@ -41,8 +41,7 @@ def _config(base_model: str):
   c.num_seeds = 1
   c.arithmetic.min_digits = c.arithmetic.max_digits = 2
   c.arithmetic.num_test, c.arithmetic.num_val = 8, 4
-  if "num_test_by_op" in c.arithmetic:
-    c.arithmetic.num_test_by_op = {"add_digit": 8}
+  c.arithmetic.num_test_by_op = {"add_digit": 8}
   ops = merge_config.OTHER_OPS
   c.data.base = merge_config.parts(ops, "standard", 20, 10) + merge_config.parts(ops, "letter", 10, 5)
   c.data.task = (("add_digit", "standard", 20),)

@@ -45,26 +45,12 @@ from xlt import results as results_lib
 from xlt import train as train_lib
 from xlt.data import sft
 from xlt.experiments import common as kind_lib
-from xlt.experiments import finetune_peft, testbed_peft
+from xlt.experiments import finetune_peft, testbed_peft, testbed_plan
+from xlt.experiments.testbed_plan import ALL, Recipe
 
-ALL = None  # a phase that trains every parameter
 DATASETS = ("task", "language")
 # the merge registry's inputs the experiment has: the two full experts and the base
 MERGE_INPUTS = ("task_expert", "language_expert", "experts", "base")
-
-
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-  """A trained recipe: per phase a dataset and what it trains (ALL, or a (partition, label)
-  pair); phases take turns `steps_per_phase` steps each. It stops early on the mean validation
-  loss over `val`. `lora` trains adapters on the projections instead of the weights (those
-  of the phase's label only, when it names one)."""
-
-  name: str
-  phases: tuple[tuple[str, tuple[str, str] | None], ...]
-  val: tuple[str, ...]
-  steps_per_phase: int = 1
-  lora: bool = False
 
 
 def partitions(c) -> list[str]:
@@ -74,27 +60,16 @@ def partitions(c) -> list[str]:
 
 
 def plan(c) -> list[Recipe]:
-  """The trained recipes: the two full experts, the partial experts of each partition, the
-  simultaneous alternations (per partition and switch interval), and with `c.lora.enabled`
-  the same in LoRA ("LoRA task expert", "partial LoRA task expert [C]", "simultaneous LoRA
-  [C] k=1") over `c.lora.presets` and `c.lora.simultaneous_presets`."""
-  out = _recipes("", partitions(c), c.simultaneous.presets, c.simultaneous.steps_per_switch)
+  """The trained recipes (testbed_plan.recipes): the two full experts, the partial experts of
+  each partition, the simultaneous alternations (per partition and switch interval), and with
+  `c.lora.enabled` the same in LoRA ("LoRA task expert", "partial LoRA task expert [C]",
+  "simultaneous LoRA [C] k=1") over `c.lora.presets` and `c.lora.simultaneous_presets`. A
+  recipe's `variant` is "full" or "lora" (adapters on the projections instead of the weights:
+  those of the phase's label only, when it names one)."""
+  out = testbed_plan.recipes(partitions(c), c.simultaneous.presets, c.simultaneous.steps_per_switch)
   if c.lora.enabled:
-    out += _recipes("LoRA ", c.lora.presets, c.lora.simultaneous_presets, c.lora.steps_per_switch, lora=True)
-  return out
-
-
-def _recipes(prefix: str, presets, simultaneous, steps_per_switch, lora: bool = False) -> list[Recipe]:
-  out = [Recipe(f"{prefix}task expert", (("task", ALL),), ("task",), lora=lora),
-         Recipe(f"{prefix}language expert", (("language", ALL),), ("language",), lora=lora)]
-  for p in presets:
-    out += [Recipe(f"partial {prefix}task expert [{p}]", (("task", (p, "task")),), ("task",), lora=lora),
-            Recipe(f"partial {prefix}language expert [{p}]", (("language", (p, "language")),), ("language",),
-                   lora=lora)]
-  for p in simultaneous:
-    for k in steps_per_switch:
-      out.append(Recipe(f"simultaneous {prefix}[{p}] k={k}", (("task", (p, "task")), ("language", (p, "language"))),
-                        DATASETS, int(k), lora=lora))
+    out += testbed_plan.recipes(c.lora.presets, c.lora.simultaneous_presets, c.lora.steps_per_switch, "lora",
+                                "LoRA ")
   return out
 
 
@@ -211,7 +186,7 @@ def _memory(c, cfg, base, recipes) -> dict:
   mesh = sharding.make_mesh(c.mesh)
   est = memory.estimate(cfg, base, train_lib.make_optimizer(c.opt), mesh, batch=c.train.batch_size,
                         seq=c.data.block_size, grad_accum=c.train.grad_accum)
-  together = len([r for r in recipes if not r.lora]) if c.together else 1
+  together = len([r for r in recipes if r.variant == "full"]) if c.together else 1
   print(f"finetune: estimated memory of one fully trained model"
         f"{f' (x {together}: they train together)' if together > 1 else ''}\n{memory.format(est)}", flush=True)
   if c.device_memory_gb:
@@ -265,11 +240,11 @@ def _flags(prep: Prep, c, what) -> tuple[bool, ...]:
 def stages(c, prep: Prep, trained: dict):
   """The weight recipes in one ensemble (`c.together`) or one stage each, then the LoRA
   recipes in one ensemble, then the trained neurons' short runs and experts (finetune_peft)."""
-  weights = [r for r in prep.recipes if not r.lora]
+  weights = [r for r in prep.recipes if r.variant == "full"]
   for group in ([weights] if c.together else [[r] for r in weights]):
     yield _weights_stage(c, prep, group, "finetune" if c.together else f"finetune_{slug(group[0].name)}")
   peft_val = lambda member_sets: val_score(c, prep, member_sets, plain=testbed_peft.plain)
-  if lora_recipes := [r for r in prep.recipes if r.lora]:
+  if lora_recipes := [r for r in prep.recipes if r.variant == "lora"]:
     yield finetune_peft.lora_stage(c, prep, lora_recipes, lambda what: _flags(prep, c, what), peft_val,
                                    _loop_config(c, c.lora.train, c.lora.opt))
   if c.neurons.enabled:

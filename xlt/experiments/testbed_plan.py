@@ -46,15 +46,13 @@ class Recipe:
     return tuple(dict.fromkeys(r for d, _ in self.phases for r in TEACHES[d]))
 
 
-def _recipes(presets, simultaneous, steps_per_switch, variant: str, tag: str = "") -> list[Recipe]:
-  """Experts, partial experts per preset, simultaneous training per preset and switch interval;
-  `tag` is "" (full) or "LoRA " in the names."""
+def recipes(presets, simultaneous, steps_per_switch, variant: str = "full", tag: str = "", also=()) -> list[Recipe]:
+  """The task and language experts, then `also` (more recipes), partial experts per preset, and
+  simultaneous training per preset and switch interval; `tag` is "" (full) or "LoRA " in the
+  names. The testbed's plan and xlt.experiments.finetune's both build theirs with it."""
   pre = lambda what: f"{tag}{what}"  # "task expert" / "LoRA task expert"
   out = [Recipe(pre("task expert"), (("task", ALL),), ("task",), variant=variant),
-         Recipe(pre("language expert"), (("language", ALL),), ("language",), variant=variant)]
-  if not tag:
-    out += [Recipe("source-language expert", (("source_language", ALL),), ("source_language",)),
-            Recipe("data mixing", (("mixed", ALL),), ("task", "language"))]
+         Recipe(pre("language expert"), (("language", ALL),), ("language",), variant=variant), *also]
   for p in presets:
     out += [Recipe(f"partial {tag}task expert [{p}]", (("task", (p, "task")),), ("task",), variant=variant),
             Recipe(f"partial {tag}language expert [{p}]", (("language", (p, "language")),), ("language",),
@@ -71,9 +69,11 @@ def plan(c, variant: str | None = None) -> list[Recipe]:
   fine-tunes (experts, data mixing, partial experts per partition preset, simultaneous partition
   training per preset and switch interval), their LoRA versions (`c.lora`, when enabled), and
   MAET's trained-neuron runs (`c.maet_neurons`, when enabled)."""
-  out = _recipes(c.partition.presets, c.simultaneous.presets, c.simultaneous.steps_per_switch, "full")
+  also = (Recipe("source-language expert", (("source_language", ALL),), ("source_language",)),
+          Recipe("data mixing", (("mixed", ALL),), ("task", "language")))
+  out = recipes(c.partition.presets, c.simultaneous.presets, c.simultaneous.steps_per_switch, also=also)
   if c.get("lora") and c.lora.enabled:
-    out += _recipes(c.lora.presets, c.lora.simultaneous_presets, c.lora.steps_per_switch, "lora", "LoRA ")
+    out += recipes(c.lora.presets, c.lora.simultaneous_presets, c.lora.steps_per_switch, "lora", "LoRA ")
   if c.get("maet_neurons") and c.maet_neurons.enabled:
     # the short runs (every parameter, kept as they end) locate N_A and N_L0; the ability model
     # trains on N_A u N_L0, the source-language model on N_L0
