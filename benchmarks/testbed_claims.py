@@ -29,16 +29,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import testbed_stability  # noqa: E402
 from xlt import stats  # noqa: E402
 
 
 def load(workdir: str) -> dict:
   """{(model, role): per-seed exact match} of a finished testbed workdir."""
-  path = os.path.join(workdir, "results.json")
-  if not os.path.isfile(path):
-    raise SystemExit(f"testbed_claims: {path} does not exist (is {workdir} a finished testbed run?)")
-  with open(path) as f:
-    return {(r["condition"], r["role"]): r["values"] for r in json.load(f) if r.get("metric") == "exact_match"}
+  return {key: row["values"] for key, row in testbed_stability.load_rows(workdir).items()}
 
 
 def diff(scores: dict, a: str, b: str, role: str = "goal") -> dict:

@@ -18,14 +18,17 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from xlt import report  # noqa: E402
+
 
 def load_rows(workdir: str) -> dict:
-  """{(model, role): row} of a finished testbed workdir's exact-match rows."""
-  path = os.path.join(workdir, "results.json")
-  if not os.path.isfile(path):
-    raise SystemExit(f"testbed_stability: {path} does not exist (is {workdir} a finished testbed run?)")
-  with open(path) as f:
-    rows = json.load(f)
+  """{(model, role): row} of a finished testbed workdir's exact-match rows (xlt.report's reader)."""
+  try:
+    rows, _ = report.read_workdir(workdir)
+  except report.UserError as e:
+    raise SystemExit(f"testbed_stability: {e}") from None
   return {(r["condition"], r["role"]): r for r in rows if r.get("metric") == "exact_match"}
 
 
