@@ -181,6 +181,12 @@ def _member(stacked, i):
   return distributed.to_host(ensemble_lib.take(stacked, i))
 
 
+def seed_models(tuned, recipes, num_seeds: int, i: int) -> dict:
+  """{recipe name: seed i's trained params} of a fine-tune stage's stacked members, laid out
+  recipe-major as `_finetune_stage` builds them (recipe k, seed i: member k * seeds + i)."""
+  return {r.name: _member(tuned, k * num_seeds + i) for k, r in enumerate(recipes)}
+
+
 @dataclasses.dataclass(frozen=True)
 class Prep:
   """What `prepare` built: the seeds, the evaluation sets of each role, every recipe of every
@@ -303,7 +309,7 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
   maet_trained = testbed_peft.maet_models(prep, trained["maet_neurons"]) if "maet_neurons" in trained else None
   per_seed = []
   for i, s in enumerate(seeds):
-    recipes = {r.name: _member(tuned, k * len(seeds) + i) for k, r in enumerate(prep.of("full"))}
+    recipes = seed_models(tuned, prep.of("full"), len(seeds), i)
     models = compose(c, _member(base, i), recipes, info["labels"], seed=s)
     if lora_adapters is not None:
       models.update(testbed_peft.compose_lora(c, _member(base, i), {k: v[i] for k, v in lora_adapters.items()}))

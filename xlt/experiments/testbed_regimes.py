@@ -122,7 +122,7 @@ def _regime_models(c, prep, base, ft) -> tuple[list[dict], dict]:
   per_seed, deltas = [], {}
   for i, s in enumerate(prep.seeds):
     b = testbed._member(base, i)
-    recipes = {r.name: testbed._member(ft.params, k * n + i) for k, r in enumerate(prep.of("full"))}
+    recipes = testbed.seed_models(ft.params, prep.of("full"), n, i)
     for name, params in recipes.items():
       deltas.setdefault(name, []).append(relative_delta(params, b))
     per_seed.append(testbed.compose(c, b, recipes, ft.stage.info["labels"], seed=s))
