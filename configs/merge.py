@@ -8,7 +8,7 @@ low-resource target); a task expert learns a new operation (add_digit) in the so
 language expert learns the other operations in the target only; both replay the base's data
 (`finetune.replay`), so each keeps the abilities it was not trained on, as a fine-tune of a
 pretrained model does; the goal is the task in the target, which no model trains on. From the
-same base, 5 seeds: data mixing, freeze-then-train and train-then-revert for [A] and [C],
+same base, 10 seeds: data mixing, freeze-then-train and train-then-revert for [A] and [C],
 simultaneous [C], layer swaps, soups, task arithmetic, TIES, DARE, MAET; each row a mean with
 its 95% interval and, on the goal, the paired difference to the best expert.
 configs/merge_peft.py adds the inverted presets, LoRA and trained-neuron recipes;
@@ -38,9 +38,9 @@ def get_config():
   c.name = "merge_testbed"
   c.task = "arithmetic"
   c.seed = 0
-  # 5 seeds and 1,000 goal problems: with 3 seeds and 200 problems most rows' std was as large
-  # as their mean (docs/testbed.md); each row reports a 95% interval over seeds
-  c.num_seeds = 5
+  # 10 seeds (bases), 1,000 goal problems: sized from the variance of 5-seed runs (docs/testbed.md),
+  # as many as fit ~30 minutes on a 2-core CPU; each row reports a 95% interval over seeds
+  c.num_seeds = 10
 
   # the task has 3,240 carrying problems a + d; a one-operand operation has 900 numbers, so the
   # other sets keep 200 each (1,000 per five-operation role)
@@ -62,6 +62,7 @@ def get_config():
   # c.base's train / opt (False: the loaded model is the base as it is); base_render: "spaced"
   # ("[let] 3 2 7 + 8 =" -> " F D D") or "glued" ("[let] 327 + 8 =" -> " FDD", configs/llama_base.py's text)
   c.base_model = ""
+  c.bases_from = ""  # a finished run's workdir: take its bases, do not train (testbed.take_bases)
   c.base_fluency = True
   c.base_render = "spaced"
   c.base = ml_collections.ConfigDict()

@@ -3,18 +3,18 @@ far fine-tuning moved the experts from the base.
 
   python -m xlt.main --config=configs/merge_regimes.py --workdir=runs/merge_regimes
 
-configs/merge.py's testbed (its data, model, base, seeds, partition presets and merge settings,
-read from its get_config()), with the fine-tuning stage run once per regime of `regimes`, each
-from the same base (xlt.experiments.testbed_regimes, c.task "arithmetic_regimes"): the experts,
-data mixing, the partial experts and simultaneous training of each partition preset, and every
-merge built from them (freeze-then-train, train-then-revert, layer swaps, soups, task
-arithmetic, TIES, DARE, MAET), with the default's seeds. The LoRA and trained-neuron recipes
-are off, to keep a run affordable: per regime the default's full fine-tunes (recipes x seeds in
-one ensemble), so (400 + 3 x 800) / 800 = 3.5 times the default's fine-tuning steps. Writes
-table.md (one row per recipe, one column per regime), regime_map.png (goal exact match against
-the task expert's relative delta, a line per recipe family), results rows with a `regime`
-field, and per regime table_r<i>.md, predictions_r<i>.jsonl and delta_<expert>_r<i>.png (where
-each expert changed).
+configs/merge.py's testbed (its data, model, base, partition presets and merge settings, read
+from its get_config(), at the first 5 of its seeds), with the fine-tuning stage run once per
+regime of `regimes`, each from the same base (xlt.experiments.testbed_regimes, c.task
+"arithmetic_regimes"): the experts, data mixing, the partial experts and simultaneous training
+of each partition preset, and every merge built from them (freeze-then-train,
+train-then-revert, layer swaps, soups, task arithmetic, TIES, DARE, MAET). The LoRA and
+trained-neuron recipes are off, to keep a run affordable: per regime the default's full
+fine-tunes (recipes x seeds in one ensemble), so (400 + 3 x 800) / 800 = 3.5 times the
+default's fine-tuning steps. Writes table.md (one row per recipe, one column per regime),
+regime_map.png (goal exact match against the task expert's relative delta, a line per recipe
+family), results rows with a `regime` field, and per regime table_r<i>.md,
+predictions_r<i>.jsonl and delta_<expert>_r<i>.png (where each expert changed).
 
 Regimes, fixed by rule before any result: a geometric learning-rate grid around the default's
 3e-4 in half-decades (1e-4, 3e-4, 1e-3, 3e-3), each at the default's 800 steps, except the
@@ -35,6 +35,7 @@ def get_config():
   c.name = "merge_regimes"
   c.task = "arithmetic_regimes"
   c.regimes = REGIMES
+  c.num_seeds = 5  # the default's first 5 bases: 3.5 default fine-tune stages (~47 min recorded)
   c.lora.enabled = False
   c.maet_neurons.enabled = False
   return c

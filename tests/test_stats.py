@@ -47,3 +47,37 @@ def test_paired_difference_by_hand():
   assert stats.paired([0.5], [0.1])["sign"] == ""  # one seed: no interval, no claim
   with pytest.raises(ValueError, match="one value per seed"):
     stats.paired([0.1, 0.2], [0.1])
+
+
+def test_welch_matches_scipy():
+  from scipy import stats as scipy_stats  # scipy comes with jax: a peer no one here wrote
+
+  a, b = [0.1, 0.25, 0.2, 0.4], [0.3, 0.2, 0.5, 0.45, 0.6]
+  got, want = stats.welch(a, b), scipy_stats.ttest_ind(b, a, equal_var=False)
+  assert got["t"] == pytest.approx(float(want.statistic)) and got["p"] == pytest.approx(float(want.pvalue))
+  assert got["diff"] == pytest.approx(0.41 - 0.2375)
+  assert stats.welch([0.25, 0.25], [0.25, 0.25, 0.25])["p"] == 1.0  # constant and equal: nothing moved
+  assert stats.welch([0.25, 0.25], [0.5, 0.5])["p"] == 0.0
+  with pytest.raises(ValueError, match="two values or more"):
+    stats.welch([0.1], [0.2, 0.3])
+
+
+def test_holm_steps_down():
+  # sorted 0.01 <= 0.05/4; then 0.03 > 0.05/3: it and every larger p stand
+  assert stats.holm([0.01, 0.04, 0.03, 0.2]) == [True, False, False, False]
+  assert stats.holm([0.001, 0.012, 0.02]) == [True, True, True]  # 0.0167, 0.025, 0.05
+  assert stats.holm([0.3, 0.5]) == [False, False] and stats.holm([]) == []
+
+
+def test_capture_probability_by_simulation():
+  import numpy as np
+
+  rng = np.random.default_rng(0)
+  for n in (3, 5, 12):
+    first, second = rng.normal(size=(2, 200_000, n))
+    half = stats.t_quantile(0.975, n - 1) * first.std(axis=1, ddof=1) / math.sqrt(n)
+    inside = np.abs(second.mean(axis=1) - first.mean(axis=1)) <= half
+    assert stats.capture(n) == pytest.approx(inside.mean(), abs=0.004)
+  from scipy import stats as scipy_stats  # many seeds: the normal limit 2 Phi(1.96 / sqrt 2) - 1
+
+  assert stats.capture(10_000) == pytest.approx(2 * scipy_stats.norm.cdf(1.959964 / math.sqrt(2)) - 1, abs=1e-3)

@@ -173,3 +173,25 @@ def test_replay_adds_a_fixed_share_of_the_base_data(tiny):
     assert len(added) == round(0.25 * n) and set(added) <= base, name
   assert testbed.datasets(tiny) == got  # seeded: the same examples every time
   assert testbed_plan.replay(list(range(3)), ["b"], 2.0, 0) == [0, 1, 2] + ["b"] * 6  # more than the base has
+
+
+def test_bases_from_reruns_the_recipes_on_a_finished_runs_bases(shrink_testbed, tmp_path):
+  c = shrink_testbed(merge_config.get_config())
+  c.num_seeds = 2
+  first = runner.run(c, str(tmp_path / "first"), progress=False)
+  again = ml_collections.ConfigDict(c.to_dict())
+  again.bases_from = str(tmp_path / "first")
+  rows = runner.run(again, str(tmp_path / "again"), progress=False)
+  for name in ("best_params.npz", "metrics.jsonl"):  # taken whole, and not trained again
+    assert (tmp_path / "again" / "base" / name).read_bytes() == (tmp_path / "first" / "base" / name).read_bytes()
+  scores = lambda rs: {(r["role"], r["metric"]): r["values"] for r in rs if r["condition"] == "base"}
+  assert scores(rows) == scores(first) and not (tmp_path / "again" / "base.tmp").exists()
+  unfinished = ml_collections.ConfigDict(again.to_dict())
+  unfinished.bases_from = str(tmp_path / "again" / "base")
+  with pytest.raises(ValueError, match="not a finished testbed run"):
+    runner.run(unfinished, str(tmp_path / "b"), progress=False)
+  other = ml_collections.ConfigDict(again.to_dict())
+  other.model.d_model, other.base.opt.peak_lr = 32, 1e-3
+  with pytest.raises(ValueError, match=r"another config \(base.opt.peak_lr, model.d_model differ\)"):
+    runner.run(other, str(tmp_path / "c"), progress=False)
+  assert not (tmp_path / "c" / "base").exists()

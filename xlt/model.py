@@ -245,8 +245,9 @@ class Attention(nn.Module):
     # per layer and token (XLA:CPU spent half of each decoding step on those copies).
     q_BxHxTxK, k_BxGxTxK, v_BxGxTxK = (x.transpose(0, 2, 1, 3) for x in (q_BxTxHxK, k_BxTxGxK, v_BxTxGxK))
     if cache is not None:  # decoding: write this chunk at `pos`, attend to all written so far
-      k_BxGxSxK = jax.lax.dynamic_update_slice(cache[0], k_BxGxTxK.astype(cache[0].dtype), (0, 0, pos, 0))
-      v_BxGxSxK = jax.lax.dynamic_update_slice(cache[1], v_BxGxTxK.astype(cache[1].dtype), (0, 0, pos, 0))
+      at = tuple(jnp.asarray(i, jnp.int32) for i in (0, 0, pos, 0))  # one index type, also under x64
+      k_BxGxSxK = jax.lax.dynamic_update_slice(cache[0], k_BxGxTxK.astype(cache[0].dtype), at)
+      v_BxGxSxK = jax.lax.dynamic_update_slice(cache[1], v_BxGxTxK.astype(cache[1].dtype), at)
       cache = (k_BxGxSxK, v_BxGxSxK)
       if isinstance(pos, int) and pos == 0:  # prefill: the cache beyond this chunk is empty
         k_BxGxSxK, v_BxGxSxK = k_BxGxTxK, v_BxGxTxK  # (and masked): attend to the chunk alone

@@ -29,12 +29,15 @@ checkpoints, so a killed run started again with the same command ends the same.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import shutil
 import time
 
 import jax
 import ml_collections
 import numpy as np
+from flax import traverse_util
 
 from xlt import distributed
 from xlt import ensemble as ensemble_lib
@@ -52,6 +55,10 @@ from xlt.experiments.testbed_plan import ALL, Recipe
 # the merge registry's inputs the testbed has (compose fills each): checked before training
 MERGE_INPUTS = ("task_expert", "language_expert", "experts", "base", "ability_model", "source_language_model",
                 "target_language_models")
+# the config fields a base is made from: a run takes another run's bases (`bases_from`) only
+# when both agree on each of them
+BASE_FIELDS = ("task", "seed", "num_seeds", "seeds_per_condition", "arithmetic", "languages", "task_op", "other_ops",
+               "data.base", "model", "base", "base_model", "base_fluency", "base_render")
 
 
 def plan(c) -> list[Recipe]:
@@ -206,10 +213,40 @@ class Prep:
     return [r for r in self.recipes if r.variant == variant]
 
 
+def take_bases(c, workdir: str):
+  """With `c.bases_from`, a finished testbed workdir: copies its base stage into `workdir`, so
+  that this run's recipes start from those very bases (the runner resumes a finished stage
+  without training it). A rerun under another float rounding then redraws nothing but the
+  recipes: training a base from scratch is chaotic, and a base trained again under another
+  rounding is another base (docs/testbed.md). Refuses a source that did not finish or whose
+  bases another config made; the copy lands whole (a temporary folder, then a rename)."""
+  src = os.path.abspath(c.get("bases_from") or "")
+  dest = os.path.join(workdir, "base")
+  if not c.get("bases_from") or os.path.exists(dest):
+    return
+  if not os.path.exists(os.path.join(src, "results.json")) or not os.path.isdir(os.path.join(src, "base")):
+    raise ValueError(f"bases_from={src}: not a finished testbed run with a trained base stage (its results.json "
+                     "and base/ folder)")
+  with open(os.path.join(src, "config.json")) as f:
+    theirs = traverse_util.flatten_dict(json.load(f), sep=".")
+  ours = traverse_util.flatten_dict(json.loads(json.dumps(c.to_dict(), default=repr)), sep=".")
+  differ = sorted(k for k in theirs.keys() | ours.keys() if any(k == f or k.startswith(f + ".") for f in BASE_FIELDS)
+                  and theirs.get(k, "<unset>") != ours.get(k, "<unset>"))
+  if differ:
+    raise ValueError(f"bases_from={src}: its bases were made with another config ({', '.join(differ[:6])}"
+                     f"{', ...' if len(differ) > 6 else ''} differ)")
+  if distributed.is_main():
+    shutil.rmtree(dest + ".tmp", ignore_errors=True)
+    shutil.copytree(os.path.join(src, "base"), dest + ".tmp")
+    os.replace(dest + ".tmp", dest)
+  distributed.barrier("bases_from")
+
+
 def prepare(c, workdir: str) -> Prep:
   """Checks the config against the model and builds the problem sets (in memory); with
-  `c.base_model`, from that Hugging Face model and its tokenizer (testbed_text)."""
-  del workdir
+  `c.base_model`, from that Hugging Face model and its tokenizer (testbed_text); with
+  `c.bases_from`, takes that run's bases (`take_bases`)."""
+  take_bases(c, workdir)
   seeds = kind_lib.condition_seeds(c, "all")
   sets = roles(c)
   recipes = testbed_plan.plan(c)
