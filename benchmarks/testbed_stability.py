@@ -16,8 +16,9 @@ only the recipes, and the test is the issue's line as it stands. Training its ow
 redraws every base (training one from scratch is chaotic: docs/testbed.md), so each row is a fresh
 sample of the same population, and even then a row's mean leaves the first run's 95% interval
 with probability 1 - xlt.stats.capture(n) (12% at 5 seeds). For such a pair the script also
-reports how many rows that predicts, and the rows whose means differ beyond sampling error:
-Welch's test per row, with Holm's correction over all rows (family-wise 5%).
+reports how many rows that predicts, the rows whose means differ beyond sampling error
+(Welch's test per row, with Holm's correction over all rows, family-wise 5%), and, taking both
+runs' bases as one sample of twice the seeds, each recipe's paired difference to the best expert.
 """
 
 from __future__ import annotations
@@ -69,7 +70,21 @@ def fresh_draw(table: list[dict], first: dict, second: dict) -> dict:
             for k, t, r in zip(spread, tests, rejected) if r]
   expected = sum(1.0 - stats.capture(len(first[k]["values"])) for k in spread)
   return {"rows_with_spread": len(spread), "expected_outside": expected, "differ": differ,
-          "replicates": not differ}
+          "replicates": not differ, "pooled": pooled(first, second)}
+
+
+def pooled(first: dict, second: dict) -> dict:
+  """Two runs with their own bases are one sample of twice as many bases: per model, the goal's
+  paired difference to the best expert over both runs' seeds (where both name the same expert)."""
+  out = {}
+  for (model, role), a in first.items():
+    b = second.get((model, role))
+    va, vb = a.get("vs_best_expert") or {}, (b or {}).get("vs_best_expert") or {}
+    if role != "goal" or not va.get("values") or not vb.get("values") or va.get("expert") != vb.get("expert"):
+      continue
+    diff = stats.paired(va["values"] + vb["values"], [0.0] * (len(va["values"]) + len(vb["values"])))
+    out[model] = {"expert": va["expert"], **{k: diff[k] for k in ("mean", "low", "high", "n", "sign")}}
+  return out
 
 
 def compare(first: dict, second: dict, shared_bases: bool = True) -> dict:
@@ -126,6 +141,10 @@ def markdown(result: dict, first: dict, second: dict) -> str:
                f"rows with a spread, a fresh draw puts {fresh['expected_outside']:.1f} outside run 1's interval "
                f"on average. Rows whose means differ beyond sampling error (Welch, Holm, family-wise 5%): "
                + ("; ".join(differ) or "none") + ".")
+    above = {m: d for m, d in fresh["pooled"].items() if d["sign"] == "+"}
+    out.append("Both runs' bases as one sample: significantly above the best expert: "
+               + ("; ".join(f"{m} {100 * d['mean']:+.2f} [{100 * d['low']:+.2f}, {100 * d['high']:+.2f}], "
+                            f"{d['n']} bases" for m, d in above.items()) or "none") + ".")
   return "\n".join(out)
 
 
