@@ -44,9 +44,10 @@ def load_rows(workdir: str) -> dict:
   return {(r["condition"], r["role"]): r for r in rows if r.get("metric") == "exact_match"}
 
 
-def significant(rows: dict) -> set[str]:
-  """The models whose goal is significantly above the best expert's (paired interval > 0)."""
-  return {m for (m, role), r in rows.items() if role == "goal" and (r.get("vs_best_expert") or {}).get("sign") == "+"}
+def significant(rows: dict, sign: str = "+") -> set[str]:
+  """The models whose goal is significantly above ("+", paired interval > 0) or below ("-") the
+  best expert's."""
+  return {m for (m, role), r in rows.items() if role == "goal" and (r.get("vs_best_expert") or {}).get("sign") == sign}
 
 
 def bases_digest(workdir: str) -> str | None:
@@ -109,7 +110,8 @@ def compare(first: dict, second: dict, shared_bases: bool = True) -> dict:
       moved.append(entry)
   sig1, sig2 = significant(first), significant(second)
   out = {"rows": table, "moved": moved, "significant_first": sorted(sig1), "significant_second": sorted(sig2),
-         "same_significant_set": sig1 == sig2, "holds": sig1 == sig2 and not moved, "shared_bases": shared_bases}
+         "same_significant_set": sig1 == sig2, "holds": sig1 == sig2 and not moved, "shared_bases": shared_bases,
+         "below_first": sorted(significant(first, "-")), "below_second": sorted(significant(second, "-"))}
   if not shared_bases:
     out["fresh_draw"] = fresh_draw(table, first, second)
   return out
@@ -130,6 +132,8 @@ def markdown(result: dict, first: dict, second: dict) -> str:
            for e in result["moved"]]
   out += ["", f"Significantly above the best expert: run 1 {result['significant_first']}, run 2 "
           f"{result['significant_second']} ({'the same' if result['same_significant_set'] else 'DIFFERENT'}).",
+          f"Significantly below it: {len(result['below_first'])} models in run 1, {len(result['below_second'])} in "
+          f"run 2, {len(set(result['below_first']) & set(result['below_second']))} of them in both.",
           f"Rows outside run 1's interval ({len(moved)} of {len(result['rows'])}): " + ("; ".join(moved) or "none"),
           f"Stability test: {'holds' if result['holds'] else 'FAILS'}."]
   if result["shared_bases"]:

@@ -40,6 +40,7 @@ def test_stability_with_shared_and_with_redrawn_bases(tmp_path, capsys):
   assert testbed_stability.main([first, second, f"--out={tmp_path / 'out.json'}"]) == 1
   got = json.loads((tmp_path / "out.json").read_text())
   assert got["shared_bases"] and got["same_significant_set"] and "fresh_draw" not in got
+  assert got["significant_first"] == got["significant_second"] == ["merge"] and got["below_first"] == []
   assert [(e["model"], e["role"]) for e in got["moved"]] == [("task expert", "language")]
   assert "share their bases" in capsys.readouterr().out
   other = write_run(tmp_path / "c", {"task expert": ([0.2, 0.3, 0.25], None), "merge": ([0.45, 0.55, 0.5], "")},
