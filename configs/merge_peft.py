@@ -1,7 +1,7 @@
 """The merge testbed's second config: the recipes the default run (configs/merge.py) leaves out
 to stay within ~30 minutes on a 2-core CPU: the inverted partition presets [A_inv] and [C_inv],
 the LoRA versions of the recipes (rsLoRA rank 8 on every attention / MLP projection) and MAET
-with trained neurons, on the same base, data and seeds.
+with trained neurons, on the same base and data, at the first 5 of its seeds.
 
   python -m xlt.main --config=configs/merge_peft.py --workdir=runs/merge_peft
 
