@@ -61,28 +61,31 @@ def small_graph_config():
   return c
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def shrink_testbed():
   """A function that shrinks a merge-testbed config (configs/merge*.py) to the tests' tiny
-  sizes: 2-digit operands, a few dozen examples, a 4-block width-16 model, 6 steps a stage."""
+  sizes: 2-digit operands, `examples` of each two-operand operation (half that of the others,
+  and of the base's target language), `tests` test problems per set, a 4-block width-16 model,
+  `steps` steps a stage."""
   from configs import merge as merge_config
 
-  def shrink(c):
+  def shrink(c, examples: int = 40, tests: int = 16, steps: int = 6):
+    n, half, quarter = examples, examples // 2, examples // 4
     c.arithmetic.min_digits = c.arithmetic.max_digits = 2
-    c.arithmetic.num_test, c.arithmetic.num_val = 16, 8
-    c.arithmetic.num_test_by_op = {"add_digit": 16}
+    c.arithmetic.num_test, c.arithmetic.num_val = tests, tests // 2
+    c.arithmetic.num_test_by_op = {"add_digit": tests}
     ops = merge_config.OTHER_OPS
-    c.data.base = merge_config.parts(ops, "standard", 40, 20) + merge_config.parts(ops, "letter", 20, 10)
-    c.data.task = (("add_digit", "standard", 40),)
-    c.data.language = merge_config.parts(ops, "letter", 40, 20)
-    c.data.source_language = merge_config.parts(ops, "standard", 40, 20)
+    c.data.base = merge_config.parts(ops, "standard", n, half) + merge_config.parts(ops, "letter", half, quarter)
+    c.data.task = (("add_digit", "standard", n),)
+    c.data.language = merge_config.parts(ops, "letter", n, half)
+    c.data.source_language = merge_config.parts(ops, "standard", n, half)
     c.model.num_layers, c.model.d_model, c.model.num_heads = 4, 16, 2
     c.partition.bottom = c.partition.top = 1
     for stage in (c.base, c.finetune, c.lora, c.maet_neurons.short):
-      stage.train.steps, stage.train.eval_every, stage.train.batch_size = 6, 3, 8
-      stage.train.checkpoint_every, stage.train.min_steps = 3, 0
+      stage.train.steps, stage.train.eval_every, stage.train.batch_size = steps, steps // 2, 8
+      stage.train.checkpoint_every, stage.train.min_steps = steps // 2, 0
     c.merge.swaps = ("1,1,0", "1,1,1")
-    c.eval.batch_size = 16
+    c.eval.batch_size = tests
     c.mesh.devices = 1
     return c
 

@@ -35,28 +35,21 @@ def hf_base(tmp_path_factory):
   return out
 
 
-def _config(base_model: str):
-  c = merge_config.get_config()
-  c.base_model, c.base_fluency = base_model, False
-  c.num_seeds = 1
-  c.arithmetic.min_digits = c.arithmetic.max_digits = 2
-  c.arithmetic.num_test, c.arithmetic.num_val = 8, 4
-  c.arithmetic.num_test_by_op = {"add_digit": 8}
-  ops = merge_config.OTHER_OPS
-  c.data.base = merge_config.parts(ops, "standard", 20, 10) + merge_config.parts(ops, "letter", 10, 5)
-  c.data.task = (("add_digit", "standard", 20),)
-  c.data.language = merge_config.parts(ops, "letter", 20, 10)
-  c.data.source_language = merge_config.parts(ops, "standard", 20, 10)
-  c.partition.presets, c.partition.bottom, c.partition.top = ("C",), 1, 1
-  c.simultaneous.presets, c.simultaneous.steps_per_switch = (), (1,)
-  c.lora.enabled = c.maet_neurons.enabled = False
-  c.merge.swaps = ("1,1,0",)
-  for stage in (c.base, c.finetune):
-    stage.train.steps, stage.train.eval_every, stage.train.batch_size = 4, 2, 8
-    stage.train.checkpoint_every, stage.train.min_steps = 2, 0
-  c.eval.batch_size = 8
-  c.mesh.devices = 1
-  return c
+@pytest.fixture(scope="module")
+def text_config(shrink_testbed):
+  """configs/merge.py on a Hugging Face base as it is, at half the tests' usual tiny sizes:
+  one seed, [C] only, no simultaneous, LoRA or trained-neuron recipes, one layer swap."""
+  def make(base_model: str):
+    c = shrink_testbed(merge_config.get_config(), examples=20, tests=8, steps=4)
+    c.base_model, c.base_fluency = base_model, False
+    c.num_seeds = 1
+    c.partition.presets = ("C",)
+    c.simultaneous.presets, c.simultaneous.steps_per_switch = (), (1,)
+    c.lora.enabled = c.maet_neurons.enabled = False
+    c.merge.swaps = ("1,1,0",)
+    return c
+
+  return make
 
 
 def test_render_and_parse_round_trip():
@@ -85,10 +78,10 @@ def test_text_tokenizer_encodes_as_sft_does(hf_base):
 
 
 @pytest.fixture(scope="module")
-def finished(hf_base, tmp_path_factory):
+def finished(hf_base, text_config, tmp_path_factory):
   workdir = tmp_path_factory.mktemp("testbed_hf")
   with contextlib.redirect_stdout(io.StringIO()):
-    rows = runner.run(_config(hf_base), str(workdir), progress=False)
+    rows = runner.run(text_config(hf_base), str(workdir), progress=False)
   return rows, workdir
 
 
@@ -121,8 +114,8 @@ def test_testbed_runs_from_a_hugging_face_base(hf_base, finished):
       [r for r in records if r["member"] == "base/seed_0"])
 
 
-def test_base_fluency_fine_tunes_the_loaded_model(hf_base, tmp_path):
-  c = _config(hf_base)
+def test_base_fluency_fine_tunes_the_loaded_model(hf_base, text_config, tmp_path):
+  c = text_config(hf_base)
   c.base_fluency = True
   with contextlib.redirect_stdout(io.StringIO()):
     rows = runner.run(c, str(tmp_path), progress=False)
@@ -130,13 +123,13 @@ def test_base_fluency_fine_tunes_the_loaded_model(hf_base, tmp_path):
   assert {r["condition"] for r in rows} >= {"base", "task expert", "soup"}
 
 
-def test_a_wrong_base_model_is_one_clear_error(tmp_path, hf_base):
+def test_a_wrong_base_model_is_one_clear_error(tmp_path, hf_base, text_config):
   (tmp_path / "empty").mkdir()
   for k, (path, why) in enumerate(((tmp_path / "nowhere", "no such directory"), (tmp_path / "empty", "config.json"))):
     with pytest.raises(ValueError, match=rf"base_model={re.escape(repr(str(path)))}: .*{why}"):
-      runner.run(_config(str(path)), str(tmp_path / f"run{k}"), progress=False)
+      runner.run(text_config(str(path)), str(tmp_path / f"run{k}"), progress=False)
     assert not os.path.exists(tmp_path / f"run{k}" / "base")
-  c = _config(hf_base)
+  c = text_config(hf_base)
   c.merge.swaps = ("1,1,1",)  # 4 blocks in a 3-block model: checked before the weights are read
   with pytest.raises(ValueError, match="exceeds the model's 3"):
     runner.run(c, str(tmp_path / "run2"), progress=False)
