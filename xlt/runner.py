@@ -42,8 +42,6 @@ import os
 import time
 from typing import Sequence
 
-from flax import traverse_util
-
 from xlt import checkpoint as ckpt_lib
 from xlt import experiments
 from xlt import loop as loop_lib
@@ -136,20 +134,18 @@ def claim_workdir(c, workdir: str):
   silently continue or report the old one; so a config that differs from the recorded one in
   a field that changes results is an error naming the fields. (A workdir without a
   config.json gets this run's.)"""
-  now = json.loads(json.dumps(c.to_dict(), default=repr))
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
+    now = json.loads(json.dumps(c.to_dict(), default=repr))
     results_lib.atomic_write(path, json.dumps(now, indent=1, sort_keys=True))
     return
   with open(path) as f:
     recorded = json.load(f)
-  old, new = traverse_util.flatten_dict(recorded, sep="."), traverse_util.flatten_dict(now, sep=".")
-  diff = sorted((k for k in old.keys() | new.keys()
-                 if old.get(k, "<unset>") != new.get(k, "<unset>")
-                 and not any(k == m or (m.endswith(".") and k.startswith(m)) for m in MAY_CHANGE_ON_RESUME)),
-                key=lambda k: (k not in old or k not in new, k))  # changed values before added fields
+  changes = {k: v for k, v in common.config_changes(recorded, c).items()
+             if not any(k == m or (m.endswith(".") and k.startswith(m)) for m in MAY_CHANGE_ON_RESUME)}
+  diff = sorted(changes, key=lambda k: (common.UNSET in changes[k], k))  # changed values before added fields
   if diff:
-    shown = "; ".join(f"{k}: {old.get(k, '<unset>')!r} there, {new.get(k, '<unset>')!r} now" for k in diff[:8])
+    shown = "; ".join(f"{k}: {changes[k][0]!r} there, {changes[k][1]!r} now" for k in diff[:8])
     raise ValueError(f"{workdir} holds an experiment run with another config ({shown}"
                      f"{'; ...' if len(diff) > 8 else ''}): use a fresh workdir (its recorded config is "
                      f"{path})")

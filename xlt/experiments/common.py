@@ -8,10 +8,12 @@ The kinds import this module, never xlt.runner, so the runner can import the kin
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Callable, Sequence
 
 import ml_collections
 import numpy as np
+from flax import traverse_util
 
 from xlt import loop as loop_lib
 from xlt import model as model_lib
@@ -54,6 +56,19 @@ class Trained:
   out: dict
   stage: Stage
   done_s: float
+
+
+def config_changes(recorded: dict, c) -> dict[str, tuple[Any, Any]]:
+  """{dotted field: (recorded value, value in `c`)} for every field on which `c` differs from a
+  recorded config.json, "<unset>" on the side that lacks it. `c` goes through JSON as
+  config.json did, so a tuple equals its recorded list."""
+  old = traverse_util.flatten_dict(recorded, sep=".")
+  new = traverse_util.flatten_dict(json.loads(json.dumps(c.to_dict(), default=repr)), sep=".")
+  return {k: (old.get(k, UNSET), new.get(k, UNSET)) for k in old.keys() | new.keys()
+          if old.get(k, UNSET) != new.get(k, UNSET)}
+
+
+UNSET = "<unset>"
 
 
 def condition_seeds(c, cond: str) -> list[int]:

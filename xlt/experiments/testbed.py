@@ -37,7 +37,6 @@ import time
 import jax
 import ml_collections
 import numpy as np
-from flax import traverse_util
 
 from xlt import distributed
 from xlt import ensemble as ensemble_lib
@@ -228,10 +227,8 @@ def take_bases(c, workdir: str):
     raise ValueError(f"bases_from={src}: not a finished testbed run with a trained base stage (its results.json "
                      "and base/ folder)")
   with open(os.path.join(src, "config.json")) as f:
-    theirs = traverse_util.flatten_dict(json.load(f), sep=".")
-  ours = traverse_util.flatten_dict(json.loads(json.dumps(c.to_dict(), default=repr)), sep=".")
-  differ = sorted(k for k in theirs.keys() | ours.keys() if any(k == f or k.startswith(f + ".") for f in BASE_FIELDS)
-                  and theirs.get(k, "<unset>") != ours.get(k, "<unset>"))
+    changes = kind_lib.config_changes(json.load(f), c)
+  differ = sorted(k for k in changes if any(k == f or k.startswith(f + ".") for f in BASE_FIELDS))
   if differ:
     raise ValueError(f"bases_from={src}: its bases were made with another config ({', '.join(differ[:6])}"
                      f"{', ...' if len(differ) > 6 else ''} differ)")
