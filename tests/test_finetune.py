@@ -205,3 +205,56 @@ def test_a_preempted_run_resumes_to_the_same_models(finished, tmp_path):
     _, got = pretrained.load(os.path.join(resumed, "models", slug))
     for (p, x), y in zip(_leaves(want).items(), _leaves(got).values()):
       np.testing.assert_array_equal(x, y, err_msg=f"{name} {p}")
+
+
+def test_a_run_failing_on_its_input_leaves_the_workdir_free(tiny, tmp_path):
+  """A bad data line fails the run before anything trains: nothing is left behind, and the
+  corrected command is not refused as "another config"."""
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"prompt": "w4 w6", "completion": "w7"}\n{"prompt": "w4 w7", "completion": }\n')
+  c, good = _config_like(tiny), tiny.data.task
+  c.data.task = str(bad)
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match="bad.jsonl:2"):
+    runner.run(c, str(workdir), progress=False)
+  assert not workdir.exists()
+  c.data.task = good  # the corrected command claims the workdir afresh
+  assert runner.claim_workdir(c, str(workdir.mkdir() or workdir)) == "new"
+
+
+def test_adds_recipes_accepts_only_new_recipes(tiny):
+  recorded = json.loads(json.dumps(tiny.to_dict()))
+  diff = lambda c: runner.common.config_changes(recorded, c)
+  more = _config_like(tiny)
+  more.merges = (*tiny.merges, "ties density=0.5")
+  more.neurons.enabled = True
+  assert finetune.adds_recipes(recorded, more, diff(more))
+  for field, value in (("train.steps", 8), ("lora.rank", 4), ("merges", ()), ("simultaneous.presets", ("C",))):
+    other = _config_like(tiny)
+    other.update_from_flattened_dict({field: value})  # together=True: an alternation changes the ensemble
+    assert not finetune.adds_recipes(recorded, other, diff(other)), field
+  alone = _config_like(tiny)
+  alone.together = False
+  recorded_alone = json.loads(json.dumps(alone.to_dict()))
+  alone.simultaneous.presets = ("C",)
+  assert finetune.adds_recipes(recorded_alone, alone, runner.common.config_changes(recorded_alone, alone))
+
+
+def _config_like(c):
+  return c.copy_and_resolve_references()
+
+
+def test_a_config_adding_a_merge_keeps_the_finished_stages(finished, tmp_path, capsys):
+  c, workdir, rows, _ = finished
+  copy = str(tmp_path / "run")
+  shutil.copytree(workdir, copy)
+  more = _config_like(c)
+  more.merges = (*c.merges, "ties density=0.5")
+  metrics = os.path.join(copy, "finetune", "metrics.jsonl")
+  before = open(metrics).read()
+  got = runner.run(more, copy, progress=False)
+  assert "the finished stages are kept" in capsys.readouterr().out
+  assert open(metrics).read() == before  # no step trained again
+  assert {r["condition"] for r in got} == {r["condition"] for r in rows} | {"ties density=0.5"}
+  assert [r for r in got if r["condition"] == "task expert"] == [r for r in rows if r["condition"] == "task expert"]
+  assert runner.run(more, copy, progress=False) == got  # and the workdir is finished again

@@ -131,6 +131,30 @@ def check(c, num_layers: int):
   finetune_peft.check(c, num_layers, partitions(c))
 
 
+# The fields a config may change on a workdir whose recipes it only adds to (`adds_recipes`)
+_ADDING_FIELDS = ("merges", "simultaneous.", "lora.", "neurons.")
+
+
+def adds_recipes(recorded: dict, c, changes: dict) -> bool:
+  """Whether `c` only adds recipes to the run whose config.json is `recorded` (xlt.runner keeps
+  its finished stages and trains the new ones): every changed field is a merge, a
+  simultaneous alternation trained alone (`together` False: a stage each), the LoRA recipes
+  where the run had none, or the trained neurons where it had none; every recorded recipe
+  and merge is still planned; and no stage that trained changes (the weight ensemble of
+  `together`, the LoRA stage, the neuron stages)."""
+  old = ml_collections.ConfigDict(recorded)
+  if any(not any(k == f or (f.endswith(".") and k.startswith(f)) for f in _ADDING_FIELDS) for k in changes):
+    return False
+  if any(k.startswith("simultaneous.") for k in changes) and c.together:
+    return False  # the alternations train in the one weight ensemble
+  if old.lora.enabled and any(k.startswith("lora.") and k != "lora.swaps" for k in changes):
+    return False  # the LoRA recipes train in one ensemble: a new one changes it
+  if old.neurons.enabled and any(k.startswith("neurons.") for k in changes):
+    return False
+  was, now = {r.name for r in plan(old)}, {r.name for r in plan(c)}
+  return was <= now and set(old.merges) <= set(c.merges)
+
+
 def slug(name: str) -> str:
   """A model's folder name: "partial task expert [C]" -> "partial_task_expert_C"."""
   return re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("_")
