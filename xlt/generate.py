@@ -220,7 +220,8 @@ def read_jsonl(path: str, what: str) -> list[dict]:
       try:
         record = json.loads(line)
       except json.JSONDecodeError as e:
-        raise UserError(f"{path} line {number} is not JSON: {e.msg}") from None
+        what, _, column = fileio.json_fault(e)
+        raise UserError(f"{path} line {number} is not JSON: {what} at column {column}") from None
       if not isinstance(record, dict):
         raise UserError(f"{path} line {number} is not a JSON object")
       out.append((number, record))

@@ -360,7 +360,8 @@ def _read_json(file: str):
     try:
       return json.load(f, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as e:
-      raise ValueError(f"{file} is not valid JSON ({e})") from None
+      what, line, column = fileio.json_fault(e)
+      raise ValueError(f"{file} is not valid JSON ({what} at line {line} column {column})") from None
 
 
 def _check_tensors(tensors) -> None:
