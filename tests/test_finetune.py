@@ -258,3 +258,18 @@ def test_a_config_adding_a_merge_keeps_the_finished_stages(finished, tmp_path, c
   assert {r["condition"] for r in got} == {r["condition"] for r in rows} | {"ties density=0.5"}
   assert [r for r in got if r["condition"] == "task expert"] == [r for r in rows if r["condition"] == "task expert"]
   assert runner.run(more, copy, progress=False) == got  # and the workdir is finished again
+
+
+def test_generate_agrees_with_the_table(finished, tmp_path):
+  """`python -m xlt.generate --answers --match=exact` on a model and prompt file of the table
+  gives the table's exact match."""
+  from xlt import generate
+
+  c, workdir, rows, _ = finished
+  prompts = c.eval.prompts[0]
+  for name in ("task expert", "layer_swap bottom=1 top=0"):
+    summary = generate.run([f"--model={os.path.join(workdir, 'models', finetune.slug(name))}",
+                            f"--prompts={prompts}", f"--output={tmp_path / 'out.jsonl'}", f"--answers={prompts}",
+                            "--match=exact", f"--max_new={c.eval.max_new}"])
+    table = next(r for r in rows if r["condition"] == name and r["metric"] == "exact_match")
+    assert summary["accuracy"] == table["values"][0], name

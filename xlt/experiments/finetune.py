@@ -359,7 +359,8 @@ def _exact_match(c, prep: Prep, params) -> dict:
       raise ValueError(f"{path}: prompt {missing[0]} has no \"answer\"")
     got = generate_lib.decode(prep.cfg, params, prep.tok, prompts, chat=c.eval.chat, max_new=c.eval.max_new,
                               batch=c.eval.batch_size)
-    correct = [g["continuation"].strip() == str(r["answer"]).strip() for g, r in zip(got, records)]
+    # the scoring of `python -m xlt.generate --answers --match=exact`, so the two agree
+    correct = [generate_lib.match(g["continuation"], r["answer"], "exact")["correct"] for g, r in zip(got, records)]
     out[os.path.splitext(os.path.basename(path))[0]] = float(np.mean(correct))
   return out
 
