@@ -134,12 +134,17 @@ def test_merged_model_loads_in_transformers(finished):
   assert np.abs(np.asarray(logits) - want).max() <= 1e-4
 
 
-def test_over_the_device_budget_fails_before_training(tiny, tmp_path):
+def test_over_the_device_budget_fails_before_the_weights_load(tiny, tmp_path, monkeypatch):
+  """The estimate comes from config.json and the safetensors headers: a model over the budget
+  is refused before a weight is read, and the workdir is left free."""
   tiny.lora.enabled = False
   tiny.device_memory_gb = 1e-4  # ~100 KiB: under the four models' ~4 MiB
-  with pytest.raises(ValueError, match="per device"):
+  monkeypatch.setattr(pretrained, "load", lambda *a, **k: pytest.fail("read the weights before the estimate"))
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out), pytest.raises(ValueError, match="per device") as e:
     runner.run(tiny, str(tmp_path / "run"), progress=False)
-  assert not os.path.exists(tmp_path / "run" / "finetune")
+  assert "\n" not in str(e.value) and "opt_state" in out.getvalue()  # the estimate was printed first
+  assert not os.path.exists(tmp_path / "run")
 
 
 def test_config_errors_fail_before_training(tiny):

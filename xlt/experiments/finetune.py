@@ -2,9 +2,11 @@
 fine-tuned from one base (`c.base`, any directory xlt.pretrained loads) on the user's jsonl
 files (xlt.data.sft), then composed and merged as the papers do (configs/finetune.py).
 
-  1. prepare   load the base and its tokenizer, encode `c.data.task` and `c.data.language`
-               (each with a validation split), label the partitions, print the memory
-               estimate of one trained model (and fail early over `c.device_memory_gb`);
+  1. prepare   check the config, print the memory estimate of one trained model from
+               config.json and the safetensors headers (and fail over `c.device_memory_gb`
+               before a weight is read), encode `c.data.task` and `c.data.language` (each
+               with a validation split; their counts as a table), then load the base and
+               label the partitions;
   2. stages    the trained recipes (`plan`): the full task and language experts, the partial
                experts of each partition (the other label frozen), simultaneous alternation
                between the two datasets (the resting label frozen). All of them in one
@@ -178,43 +180,66 @@ class Prep:
 
 
 def prepare(c, workdir: str) -> Prep:
-  """Loads the base and the data, checks the config, estimates the memory."""
+  """Checks the config, estimates the memory from config.json and the safetensors headers
+  (refusing a model that does not fit before any weight is read), then loads the base and
+  the data."""
   del workdir
-  cfg, params = pretrained.load(c.base, dtype=c.get("param_dtype") or c.dtype or None)
+  cfg, shapes = pretrained.abstract(c.base, dtype=c.get("param_dtype") or c.dtype or None)
   if c.dtype and c.dtype != cfg.dtype:  # computation in c.dtype on parameters in c.param_dtype
     cfg = dataclasses.replace(cfg, dtype=c.dtype)
-  base = jax.tree.map(np.asarray, params)
   check(c, cfg.num_layers)
   if c.data.block_size > cfg.block_size:
     raise ValueError(f"data.block_size={c.data.block_size} is over the model's context {cfg.block_size}")
+  recipes = plan(c)
+  estimate = _memory(c, cfg, shapes, recipes)
   tok = hf_tokenizer.load(c.base)
   data = {}
-  for name in DATASETS:
+  for name in DATASETS:  # every data file is read and checked before the weights load
     data[name] = sft.load(c.data[name], tok, block_size=c.data.block_size, val_fraction=c.data.val_fraction,
                           seed=c.data.seed, packing=c.data.packing)
     if data[name].val is None:
       raise ValueError(f"data.{name}: val_fraction={c.data.val_fraction} leaves no validation example")
-    print(f"finetune: data.{name} {data[name].counts}", flush=True)
+  print(counts_table(data), flush=True)
+  _, params = pretrained.load(c.base, dtype=c.get("param_dtype") or c.dtype or None)
+  base = jax.tree.map(np.asarray, params)
   labels = label_trees(c, base)
   if labels:
     cell_tree, cells = partition.refine([labels[p] for p in partitions(c)])
   else:  # no partition: one cell, every recipe trains all of it
     cell_tree, cells = jax.tree.map(lambda _: "all", base), ("all",)
-  recipes = plan(c)
-  return Prep(cfg, base, tok, data, recipes, labels, cell_tree, cells, _memory(c, cfg, base, recipes))
+  return Prep(cfg, base, tok, data, recipes, labels, cell_tree, cells, estimate)
 
 
-def _memory(c, cfg, base, recipes) -> dict:
-  """Prints the estimated memory of one fully trained model; with `c.device_memory_gb`, fails
-  when the models trained together would not fit (each gets its share of the device)."""
+def counts_table(data: dict) -> str:
+  """The datasets' counts (sft.Data.counts) as a table: a row per dataset and split."""
+  fields = ("examples", "truncated", "dropped", "rows", "tokens", "response_tokens")
+  lines = ["finetune: data", f"{'':18}" + "".join(f"{f.replace('_', ' '):>16}" for f in fields)]
+  for name, d in data.items():
+    for split, counts in d.counts.items():
+      lines.append(f"{f'data.{name} {split}':18}" + "".join(f"{counts[f]:>16,}" for f in fields))
+  return "\n".join(lines)
+
+
+def _memory(c, cfg, shapes, recipes) -> dict:
+  """Prints the estimated memory of one fully trained model (`shapes`: the base's parameters,
+  abstract); fails in one line when the models trained together would not fit
+  `c.device_memory_gb` (each gets its share), or when the parameters alone would not fit the
+  device's memory as it reports it (an accelerator; a CPU reports none)."""
   mesh = sharding.make_mesh(c.mesh)
-  est = memory.estimate(cfg, base, train_lib.make_optimizer(c.opt), mesh, batch=c.train.batch_size,
+  est = memory.estimate(cfg, shapes, train_lib.make_optimizer(c.opt), mesh, batch=c.train.batch_size,
                         seq=c.data.block_size, grad_accum=c.train.grad_accum)
   together = len([r for r in recipes if r.variant == "full"]) if c.together else 1
   print(f"finetune: estimated memory of one fully trained model"
         f"{f' (x {together}: they train together)' if together > 1 else ''}\n{memory.format(est)}", flush=True)
   if c.device_memory_gb:
     memory.check_fits(est, int(c.device_memory_gb * (1 << 30)) // together)
+  try:
+    device = (mesh.devices.flat[0].memory_stats() or {}).get("bytes_limit")
+  except Exception:  # noqa: BLE001  (a backend without memory statistics)
+    device = None
+  if device and est["params"] > device:
+    raise ValueError(f"{c.base}: its parameters alone take {est['params'] / (1 << 30):.2f} GiB per device, over the "
+                     f"device's {device / (1 << 30):.2f} GiB: shard them (mesh.fsdp) or use more devices")
   return est
 
 
