@@ -278,3 +278,19 @@ def test_generate_agrees_with_the_table(finished, tmp_path):
                             "--match=exact", f"--max_new={c.eval.max_new}"])
     table = next(r for r in rows if r["condition"] == name and r["metric"] == "exact_match")
     assert summary["accuracy"] == table["values"][0], name
+
+
+def test_model_cards_record_base_data_recipe_and_steps(finished):
+  c, workdir, _, stdout = finished
+  card = lambda name: open(os.path.join(workdir, "models", finetune.slug(name), "README.md")).read()
+  front = lambda text: text.split("---\n")[1]
+  expert = card("partial task expert [C]")
+  assert "- merge" not in front(expert) and "- xlt" in front(expert)
+  assert f"- base: `{c.base}`" in expert and c.data.task in expert and c.data.language in expert
+  assert "the task data trains the task part of [C] (the rest frozen)" in expert
+  assert "- best step: `" in expert and "- stopped at step: `" in expert
+  swap = card("layer_swap bottom=1 top=0")
+  assert "- merge" in front(swap) and "- method: `layer_swap`" in swap
+  # the run's log: the data counts as a table, the stage in words
+  assert "finetune: data" in stdout and "response tokens" in stdout and "{'train'" not in stdout
+  assert "4 models trained together" in stdout and "partition cells" not in stdout

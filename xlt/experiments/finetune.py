@@ -313,6 +313,15 @@ def static_frozen(c, prep: Prep, recipes: list[Recipe]):
   return partition.frozen_leaves(prep.cell_tree, prep.cells, _flags(prep, c, recipes[0].phases[0][1]))
 
 
+def describe(r: Recipe) -> str:
+  """What a recipe trains, in words: "partial task expert [C]: the task data trains the task
+  part of [C] (the rest frozen)"."""
+  what = lambda w: "every parameter" if w is ALL else f"the {w[1]} part of [{w[0]}] (the rest frozen)"
+  phases = [f"the {d} data trains {what(w)}" for d, w in r.phases]
+  turns = f", {r.steps_per_phase} step(s) each in turn" if len(phases) > 1 else ""
+  return f"{r.name}: " + " and ".join(phases) + turns
+
+
 def _weights_stage(c, prep: Prep, recipes: list[Recipe], name: str) -> kind_lib.Stage:
   """Recipes fine-tuning the weights from the base. Several recipes, or one whose phases take
   turns, train under one gated optimizer: a member's recipe (which partition cells each phase
@@ -329,8 +338,8 @@ def _weights_stage(c, prep: Prep, recipes: list[Recipe], name: str) -> kind_lib.
                              r.steps_per_phase)
              for i, r in enumerate(recipes)]
   step = "gated" if frozen is None else "static"
-  print(f"finetune: stage {name}: {', '.join(r.name for r in recipes)}; partition cells {list(prep.cells)}; "
-        f"{step} step", flush=True)
+  together = f"{len(recipes)} models trained together, " if len(recipes) > 1 else ""
+  print(f"finetune: stage {name}: {together}" + "; ".join(describe(r) for r in recipes), flush=True)
   return kind_lib.Stage(name, prep.cfg, members, val_score(c, prep, [r.val for r in recipes]),
                         config=_loop_config(c, c.train, c.opt), init_params=_stack([prep.base] * len(recipes)),
                         tx=tx, info={"recipes": [r.name for r in recipes], "step": step})
@@ -394,12 +403,14 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
   """Writes every model but the base as a Hugging Face directory (workdir/models/<slug>) and
   scores all of them: results rows, the table and the summary."""
   built = {"base": prep.base, **models(c, prep, trained)}
+  steps = {n: {"best step": int(b), "stopped at step": int(st)} for t in trained.values()
+           for n, b, st in zip(t.stage.info.get("recipes", ()), t.out.get("best_steps", ()), t.out["stopped_at"])}
   dirs, scores = {}, {}
   for name, params in built.items():
     if name != "base":
       dirs[name] = os.path.join("models", slug(name))
       pretrained.save(prep.cfg, params, os.path.join(workdir, dirs[name]), source_dir=c.base,
-                      card={"method": "xlt.experiments.finetune", "model": name})
+                      card=model_card(c, prep, name, steps))
     device = jax.tree.map(jnp.asarray, params)
     scores[name] = {"val_loss": _val_losses(c, prep, device), "exact_match": _exact_match(c, prep, device)}
   rows = []
@@ -414,6 +425,28 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
              "best_steps": {n: s for t in trained.values()
                             for n, s in zip(t.stage.info.get("recipes", ()), t.out.get("best_steps", ()))}}
   return rows, _table(c, scores, dirs), summary
+
+
+def model_card(c, prep: Prep, name: str, steps: dict) -> dict:
+  """What README.md of model `name` records (xlt.merge.hf's card): its base, data, recipe and
+  steps; a merge of `c.merges` also its method and options (and so the card's "merge" tag)."""
+  recipes = {r.name: r for r in prep.recipes}
+  by_label = {label: (method, options) for label, method, options in merges(c)}
+  card = {"title": f"{name}: a fine-tune of {os.path.basename(os.path.normpath(c.base))} by xlt"}
+  if name in by_label:
+    card = {"title": f"{name}: a merge of fine-tunes of {os.path.basename(os.path.normpath(c.base))} by xlt",
+            "method": by_label[name][0], "options": by_label[name][1],
+            "inputs": "the task expert, the language expert and the base"}
+  card["base"] = c.base
+  card["data"] = {d: f"{c.data[d]} ({prep.data[d].counts['train']['examples']} training examples)" for d in DATASETS}
+  if name in recipes:
+    card["recipe"] = describe(recipes[name])
+  elif name not in by_label:
+    card["recipe"] = f"{name}, built from the trained experts without further training"
+  if name in steps:
+    card["steps"] = steps[name]
+  card["made by"] = "xlt.experiments.finetune"
+  return card
 
 
 def _table(c, scores: dict, dirs: dict) -> str:
