@@ -294,3 +294,36 @@ def test_model_cards_record_base_data_recipe_and_steps(finished):
   # the run's log: the data counts as a table, the stage in words
   assert "finetune: data" in stdout and "response tokens" in stdout and "{'train'" not in stdout
   assert "4 models trained together" in stdout and "partition cells" not in stdout
+
+
+def _main(tmp_path, c, workdir):
+  """python -m xlt.main on the finetune config with `c`'s base and data: (exit status, stderr lines)."""
+  import subprocess
+  import sys
+
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"PYTHONPATH": repo, "XLT_ALLOCATOR": "system",
+                                                                     "XLT_CPU_DEVICES": "1"}
+  cmd = [sys.executable, "-m", "xlt.main", "--config=configs/finetune.py", f"--workdir={workdir}",
+         f"--config.base={c.base}", f"--config.data.task={c.data.task}", f"--config.data.language={c.data.language}",
+         "--config.data.block_size=24", "--config.data.val_fraction=0.2"]
+  out = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+  return out.returncode, [ln for ln in out.stderr.splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("bad", ["role", "template"])
+def test_bad_inputs_end_main_with_one_line_and_leave_the_workdir_free(tiny, tmp_path, bad):
+  if bad == "role":  # a typo'd role in the middle of a conversation
+    tiny.data.language = _write_jsonl(tmp_path / "lang.jsonl", [{"messages": [
+        {"role": "user", "content": "w5 w6"}, {"role": "wizard", "content": "w6"},
+        {"role": "assistant", "content": "w6 w6"}]}] * 10)
+    says = f"xlt: error: {tiny.data.language}:1: message 1 has the role 'wizard'"
+  else:  # a chat template's own raise_exception, as Llama-2's and Mistral's have
+    with open(os.path.join(tiny.base, "chat_template.jinja"), "w") as f:
+      f.write("{{ raise_exception('Conversation roles must alternate user/assistant') }}")
+    says = (f"xlt: error: {tiny.data.language}:1: {os.path.join(tiny.base, 'chat_template.jinja')}: the chat "
+            "template refused the conversation: Conversation roles must alternate user/assistant")
+  workdir = tmp_path / "run"
+  status, lines = _main(tmp_path, tiny, workdir)
+  assert status == 2 and len(lines) == 1 and lines[0].startswith(says), lines
+  assert not workdir.exists()
