@@ -191,6 +191,7 @@ def prepare(c, workdir: str) -> Prep:
   if c.data.block_size > cfg.block_size:
     raise ValueError(f"data.block_size={c.data.block_size} is over the model's context {cfg.block_size}")
   recipes = plan(c)
+  labels = label_trees(c, shapes)  # (from the shapes: a partition without both labels fails before the load)
   estimate = _memory(c, cfg, shapes, recipes)
   tok = hf_tokenizer.load(c.base)
   data = {}
@@ -202,7 +203,6 @@ def prepare(c, workdir: str) -> Prep:
   print(counts_table(data), flush=True)
   _, params = pretrained.load(c.base, dtype=c.get("param_dtype") or c.dtype or None)
   base = jax.tree.map(np.asarray, params)
-  labels = label_trees(c, base)
   if labels:
     cell_tree, cells = partition.refine([labels[p] for p in partitions(c)])
   else:  # no partition: one cell, every recipe trains all of it
