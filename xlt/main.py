@@ -24,6 +24,7 @@ on stderr and exit status 2, so cluster scripts can tell them apart from a crash
 
 import difflib
 import os
+import re
 import sys
 
 from absl import app, flags, logging
@@ -106,8 +107,8 @@ def _flag_error(argv: list[str], error: Exception) -> str:
   lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
   if not lines:
     return type(error).__name__
-  if any(line.startswith("Traceback") for line in lines):  # the config file raised
-    return f"{lines[0].removeprefix('flag ').rstrip(':')}: {lines[-1]}"
+  if any(line.startswith("Traceback") for line in lines):  # the config file raised: its message, not its class
+    return f"{lines[0].removeprefix('flag ').rstrip(':')}: {re.sub(r'^[A-Za-z_.]*(Error|Exception): ', '', lines[-1])}"
   return " ".join(lines).removeprefix("flag ")
 
 
