@@ -239,9 +239,10 @@ def test_adds_recipes_accepts_only_new_recipes(tiny):
     other.update_from_flattened_dict({field: value})  # together=True: an alternation changes the ensemble
     assert not finetune.adds_recipes(recorded, other, diff(other)), field
   alone = _config_like(tiny)
-  alone.together = False
+  alone.together, alone.lora.enabled = False, False
   recorded_alone = json.loads(json.dumps(alone.to_dict()))
-  alone.simultaneous.presets = ("C",)
+  alone.simultaneous.presets = ("C",)  # a stage of its own
+  alone.lora.enabled, alone.lora.presets, alone.lora.rank = True, ("C",), 4  # LoRA where the run had none
   assert finetune.adds_recipes(recorded_alone, alone, runner.common.config_changes(recorded_alone, alone))
 
 
