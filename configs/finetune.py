@@ -14,7 +14,7 @@ merges of `merges`:
       --config.partition.presets="('C',)" \\
       --config.merges="('layer_swap bottom=1 top=1', 'ties density=0.5')"
   python -m xlt.generate --model="runs/ft/models/layer_swap_bottom_1_top_1" \\
-      --prompts=prompts.jsonl --output=out.jsonl [--answers=answers.jsonl]
+      --prompts=prompts.jsonl --output=out.jsonl [--answers=answers.jsonl --match=exact]
 
 Every trained or merged model is a Hugging Face directory runs/ft/models/<name> (transformers
 loads it; the base's tokenizer is copied in); runs/ft/table.md, results.json and summary.json

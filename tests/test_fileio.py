@@ -1,5 +1,6 @@
 """xlt.merge.fileio: a write is all or nothing."""
 
+import json
 import os
 
 import pytest
@@ -38,3 +39,15 @@ def test_a_file_over_its_limit_is_refused_before_it_is_read(tmp_path):
   assert fileio.check_size(str(path), 11) == 11
   with pytest.raises(KeyError, match="is 11 bytes, over the 10-byte limit for tests"):
     fileio.check_size(str(path), 10, KeyError, " for tests")
+
+
+@pytest.mark.parametrize("text, what, line, column", [
+    ('{\n  "vocab_size": 32000,\n  "hidden_size": 64,\n}\n', "a trailing comma", 3, 20),  # noticed at 4:1
+    ('{\n  "vocab_size": 32000\n  "hidden_size": 64\n}', "a missing comma", 2, 22),  # noticed at 3:3
+    ('{"prompt": "w1", "completion": }', "Expecting value", 1, 32),  # already where it is
+])
+def test_json_fault_points_at_the_fault(text, what, line, column):
+  with pytest.raises(json.JSONDecodeError) as e:
+    json.loads(text)
+  got = fileio.json_fault(e.value)
+  assert got[0].startswith(what) and got[1:] == (line, column)

@@ -134,12 +134,17 @@ def test_merged_model_loads_in_transformers(finished):
   assert np.abs(np.asarray(logits) - want).max() <= 1e-4
 
 
-def test_over_the_device_budget_fails_before_training(tiny, tmp_path):
+def test_over_the_device_budget_fails_before_the_weights_load(tiny, tmp_path, monkeypatch):
+  """The estimate comes from config.json and the safetensors headers: a model over the budget
+  is refused before a weight is read, and the workdir is left free."""
   tiny.lora.enabled = False
   tiny.device_memory_gb = 1e-4  # ~100 KiB: under the four models' ~4 MiB
-  with pytest.raises(ValueError, match="per device"):
+  monkeypatch.setattr(pretrained, "load", lambda *a, **k: pytest.fail("read the weights before the estimate"))
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out), pytest.raises(ValueError, match="per device") as e:
     runner.run(tiny, str(tmp_path / "run"), progress=False)
-  assert not os.path.exists(tmp_path / "run" / "finetune")
+  assert "\n" not in str(e.value) and "opt_state" in out.getvalue()  # the estimate was printed first
+  assert not os.path.exists(tmp_path / "run")
 
 
 def test_config_errors_fail_before_training(tiny):
@@ -205,3 +210,121 @@ def test_a_preempted_run_resumes_to_the_same_models(finished, tmp_path):
     _, got = pretrained.load(os.path.join(resumed, "models", slug))
     for (p, x), y in zip(_leaves(want).items(), _leaves(got).values()):
       np.testing.assert_array_equal(x, y, err_msg=f"{name} {p}")
+
+
+def test_a_run_failing_on_its_input_leaves_the_workdir_free(tiny, tmp_path):
+  """A bad data line fails the run before anything trains: nothing is left behind, and the
+  corrected command is not refused as "another config"."""
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"prompt": "w4 w6", "completion": "w7"}\n{"prompt": "w4 w7", "completion": }\n')
+  c, good = _config_like(tiny), tiny.data.task
+  c.data.task = str(bad)
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match="bad.jsonl:2"):
+    runner.run(c, str(workdir), progress=False)
+  assert not workdir.exists()
+  c.data.task = good  # the corrected command claims the workdir afresh
+  assert runner.claim_workdir(c, str(workdir.mkdir() or workdir)) == "new"
+
+
+def test_adds_recipes_accepts_only_new_recipes(tiny):
+  recorded = json.loads(json.dumps(tiny.to_dict()))
+  diff = lambda c: runner.common.config_changes(recorded, c)
+  more = _config_like(tiny)
+  more.merges = (*tiny.merges, "ties density=0.5")
+  more.neurons.enabled = True
+  assert finetune.adds_recipes(recorded, more, diff(more))
+  for field, value in (("train.steps", 8), ("lora.rank", 4), ("merges", ()), ("simultaneous.presets", ("C",))):
+    other = _config_like(tiny)
+    other.update_from_flattened_dict({field: value})  # together=True: an alternation changes the ensemble
+    assert not finetune.adds_recipes(recorded, other, diff(other)), field
+  alone = _config_like(tiny)
+  alone.together, alone.lora.enabled = False, False
+  recorded_alone = json.loads(json.dumps(alone.to_dict()))
+  alone.simultaneous.presets = ("C",)  # a stage of its own
+  alone.lora.enabled, alone.lora.presets, alone.lora.rank = True, ("C",), 4  # LoRA where the run had none
+  assert finetune.adds_recipes(recorded_alone, alone, runner.common.config_changes(recorded_alone, alone))
+
+
+def _config_like(c):
+  return c.copy_and_resolve_references()
+
+
+def test_a_config_adding_a_merge_keeps_the_finished_stages(finished, tmp_path, capsys):
+  c, workdir, rows, _ = finished
+  copy = str(tmp_path / "run")
+  shutil.copytree(workdir, copy)
+  more = _config_like(c)
+  more.merges = (*c.merges, "ties density=0.5")
+  metrics = os.path.join(copy, "finetune", "metrics.jsonl")
+  before = open(metrics).read()
+  got = runner.run(more, copy, progress=False)
+  assert "the finished stages are kept" in capsys.readouterr().out
+  assert open(metrics).read() == before  # no step trained again
+  assert {r["condition"] for r in got} == {r["condition"] for r in rows} | {"ties density=0.5"}
+  assert [r for r in got if r["condition"] == "task expert"] == [r for r in rows if r["condition"] == "task expert"]
+  assert runner.run(more, copy, progress=False) == got  # and the workdir is finished again
+
+
+def test_generate_agrees_with_the_table(finished, tmp_path):
+  """`python -m xlt.generate --answers --match=exact` on a model and prompt file of the table
+  gives the table's exact match."""
+  from xlt import generate
+
+  c, workdir, rows, _ = finished
+  prompts = c.eval.prompts[0]
+  for name in ("task expert", "layer_swap bottom=1 top=0"):
+    summary = generate.run([f"--model={os.path.join(workdir, 'models', finetune.slug(name))}",
+                            f"--prompts={prompts}", f"--output={tmp_path / 'out.jsonl'}", f"--answers={prompts}",
+                            "--match=exact", f"--max_new={c.eval.max_new}"])
+    table = next(r for r in rows if r["condition"] == name and r["metric"] == "exact_match")
+    assert summary["accuracy"] == table["values"][0], name
+
+
+def test_model_cards_record_base_data_recipe_and_steps(finished):
+  c, workdir, _, stdout = finished
+  card = lambda name: open(os.path.join(workdir, "models", finetune.slug(name), "README.md")).read()
+  front = lambda text: text.split("---\n")[1]
+  expert = card("partial task expert [C]")
+  assert "- merge" not in front(expert) and "- xlt" in front(expert)
+  assert f"- base: `{c.base}`" in expert and c.data.task in expert and c.data.language in expert
+  assert "the task data trains the task part of [C] (the rest frozen)" in expert
+  assert "- best step: `" in expert and "- stopped at step: `" in expert
+  swap = card("layer_swap bottom=1 top=0")
+  assert "- merge" in front(swap) and "- method: `layer_swap`" in swap
+  # the run's log: the data counts as a table, the stage in words
+  assert "finetune: data" in stdout and "response tokens" in stdout and "{'train'" not in stdout
+  assert "4 models trained together" in stdout and "partition cells" not in stdout
+
+
+def _main(tmp_path, c, workdir):
+  """python -m xlt.main on the finetune config with `c`'s base and data: (exit status, stderr lines)."""
+  import subprocess
+  import sys
+
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"PYTHONPATH": repo, "XLT_ALLOCATOR": "system",
+                                                                     "XLT_CPU_DEVICES": "1"}
+  cmd = [sys.executable, "-m", "xlt.main", "--config=configs/finetune.py", f"--workdir={workdir}",
+         f"--config.base={c.base}", f"--config.data.task={c.data.task}", f"--config.data.language={c.data.language}",
+         "--config.data.block_size=24", "--config.data.val_fraction=0.2"]
+  out = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+  return out.returncode, [ln for ln in out.stderr.splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("bad", ["role", "template"])
+def test_bad_inputs_end_main_with_one_line_and_leave_the_workdir_free(tiny, tmp_path, bad):
+  if bad == "role":  # a typo'd role in the middle of a conversation
+    tiny.data.language = _write_jsonl(tmp_path / "lang.jsonl", [{"messages": [
+        {"role": "user", "content": "w5 w6"}, {"role": "wizard", "content": "w6"},
+        {"role": "assistant", "content": "w6 w6"}]}] * 10)
+    says = f"xlt: error: {tiny.data.language}:1: message 1 has the role 'wizard'"
+  else:  # a chat template's own raise_exception, as Llama-2's and Mistral's have
+    with open(os.path.join(tiny.base, "chat_template.jinja"), "w") as f:
+      f.write("{{ raise_exception('Conversation roles must alternate user/assistant') }}")
+    says = (f"xlt: error: {tiny.data.language}:1: {os.path.join(tiny.base, 'chat_template.jinja')}: the chat "
+            "template refused the conversation: Conversation roles must alternate user/assistant")
+  workdir = tmp_path / "run"
+  status, lines = _main(tmp_path, tiny, workdir)
+  assert status == 2 and len(lines) == 1 and lines[0].startswith(says), lines
+  assert not workdir.exists()

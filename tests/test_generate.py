@@ -39,9 +39,28 @@ def test_final_number(text, number):
 
 def test_score():
   records = [{"continuation": "so 1,200 in all"}, {"continuation": "it is 7"}, {"continuation": "none"}]
-  summary = generate.score(records, [1200, "8", "3"])
-  assert summary == {"correct": 1, "total": 3, "accuracy": 1 / 3}
+  summary = generate.score(records, [1200, "8", "3"], "number")
+  assert summary == {"correct": 1, "total": 3, "accuracy": 1 / 3, "match": "number"}
   assert [r["correct"] for r in records] == [True, False, False] and records[0]["predicted"] == "1200"
+
+
+def test_match_modes():
+  """Letter answers ("GCJ") are right or wrong as strings; as final numbers nothing is found."""
+  records = [{"continuation": " GCJ", "set": "add_digit/letter", "prompt": "[let] 327 + 4 ="},
+             {"continuation": "BDD ", "set": "add_digit/letter", "prompt": "[let] 327 + 4 ="},
+             {"continuation": "133", "set": "add_digit/letter", "prompt": "[let] 327 + 4 ="}]
+  answers = ["GCJ", "GCJ", "GCJ"]  # hand-made answers: "GCJ" is right for the exact modes
+  exact = generate.score([dict(r) for r in records], answers, "exact")
+  assert (exact["correct"], exact["match"]) == (1, "exact")
+  assert generate.score([dict(r) for r in records], answers, "number")["correct"] == 0
+  # the task's own scorer: 327 + 4 = 331 is "BDD" in letters, least significant digit first;
+  # "133" is the right value in the other script
+  task = [dict(r) for r in records]
+  summary = generate.score(task, answers, "task")
+  assert [r["correct"] for r in task] == [False, True, False] and [r["any_script"] for r in task] == [False, True, True]
+  assert summary["any_script"] == 2 / 3
+  with pytest.raises(generate.UserError, match="--match=task needs"):
+    generate.match("1", "1", "task", {"prompt": "w1"})
 
 
 def test_ragged_batch_equals_one_by_one(tiny):
@@ -140,7 +159,7 @@ def test_command_files(tmp_path, fake_model, tiny, capsys):
                                                {"answer": 5}])
   output = str(tmp_path / "out.jsonl")
   assert generate.main(["--model", LLAMA, "--prompts", prompts, "--output", output, "--max_new=5", "--batch=2",
-                        "--answers", answers]) == 0
+                        "--answers", answers, "--match=number"]) == 0
   lines = [json.loads(x) for x in open(output)]
   assert [x["continuation"] for x in lines] == texts and [x["ids"] for x in lines] == out
   assert lines[0]["id"] == "a" and "messages" in lines[1]
@@ -165,6 +184,8 @@ def test_command_files(tmp_path, fake_model, tiny, capsys):
     ([{"prompt": "w1"}], ["--answers", "{tmp}/p.jsonl"], "line 1 has no \"answer\""),
     ([{"prompt": "w1"}], ["--max_new=0"], "must be positive"),
     ([{"prompt": "w1"}], ["--bogus"], "unrecognized arguments"),
+    ([{"prompt": "w1", "answer": "1"}], ["--answers", "{tmp}/p.jsonl", "--match=task"], "--match=task needs"),
+    ([{"prompt": "w1", "answer": "1"}], ["--answers", "{tmp}/p.jsonl", "--match=letters"], "invalid choice"),
     ([{"prompt": "w1"}], ["--model={tmp}/nowhere"], "no model directory"),
 ])
 def test_command_errors(tmp_path, fake_model, capsys, rows, args, message):

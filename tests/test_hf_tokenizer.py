@@ -3,10 +3,11 @@ tests/fixtures/tokenizer_reference.json (tests/fixtures/make_tokenizer_reference
 transformers itself where it is installed; the sandbox and the file checks."""
 
 import base64
+import contextlib
+import io
 import json
 import os
 
-import jinja2
 import pytest
 
 from xlt import hf_tokenizer
@@ -100,12 +101,40 @@ def test_template_sandbox(word_dir):
   write(word_dir, "tokenizer_config.json", json.dumps({
       "bos_token": "<s>", "eos_token": "</s>",
       "chat_template": "{{ messages.__class__.__mro__[1].__subclasses__() }}"}))
-  with pytest.raises(jinja2.exceptions.SecurityError):
+  config = os.path.join(str(word_dir), "tokenizer_config.json")
+  with pytest.raises(hf_tokenizer.TokenizerError, match=f"^{config}: the chat template was stopped by the sandbox"):
     hf_tokenizer.load(str(word_dir)).apply_chat_template([{"role": "user", "content": "w1"}])
   # the immutable sandbox: templates cannot mutate the caller's messages
   write(word_dir, "tokenizer_config.json", json.dumps({"chat_template": "{{ messages.append(1) }}"}))
-  with pytest.raises(jinja2.exceptions.SecurityError):
+  with pytest.raises(hf_tokenizer.TokenizerError, match="sandbox"):
     hf_tokenizer.load(str(word_dir)).apply_chat_template([{"role": "user", "content": "w1"}])
+
+
+@pytest.mark.parametrize("template, says", [
+    ("{% for m in messages %}{{ m.content }", "syntax error at its line 1: unexpected '}'"),
+    ("{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}",
+     "refused the conversation: Conversation roles must alternate"),
+    ("{{ ''.__class__.__base__.__subclasses__() }}", "stopped by the sandbox"),
+])
+def test_template_failures_are_one_line_naming_the_file(tmp_path, template, says):
+  """python -m xlt.generate on a model whose chat template fails: exit 2, one line naming
+  chat_template.jinja and the template's message."""
+  import shutil
+
+  from xlt import generate
+
+  word_dir = tmp_path / "model"
+  shutil.copytree(os.path.join(FIXTURES, "hf", "llama"), word_dir)
+  write(word_dir, "chat_template.jinja", template)
+  prompts = word_dir / "prompts.jsonl"
+  prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "w1"}]}) + "\n")
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err):
+    status = generate.main([f"--model={word_dir}", f"--prompts={prompts}", f"--output={word_dir / 'out.jsonl'}"])
+  assert status == 2
+  lines = err.getvalue().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f"xlt.generate: error: {word_dir / 'chat_template.jinja'}: "), lines
+  assert says in lines[0] and not (word_dir / "out.jsonl").exists()
 
 
 def test_template_helpers(word_dir):
@@ -115,7 +144,8 @@ def test_template_helpers(word_dir):
   tok = hf_tokenizer.load(str(word_dir))
   m = [{"role": "user", "content": "<b>ü</b>"}]
   assert tok.apply_chat_template(m) == '<s>[{"role": "user", "content": "<b>ü</b>"}]4'
-  with pytest.raises(jinja2.exceptions.TemplateError, match="one message only"):
+  with pytest.raises(hf_tokenizer.TokenizerError, match="tokenizer_config.json: the chat template refused the "
+                     "conversation: one message only$"):
     tok.apply_chat_template(m * 2)
   # transformers' {% generation %} block (assistant masks) renders as its body
   write(word_dir, "tokenizer_config.json", json.dumps({"chat_template": (

@@ -282,6 +282,16 @@ def test_flag_errors_of_xlt_main_are_one_line_and_exit_2(tmp_path, flag, want, w
   assert not (tmp_path / "w").exists()
 
 
+def test_a_config_file_that_raises_is_one_line_without_a_class_name(tmp_path):
+  config = tmp_path / "raising.py"
+  config.write_text("def get_config():\n  raise ValueError('pick a base model first')\n")
+  r = subprocess.run([sys.executable, "-m", "xlt.main", f"--config={config}", f"--workdir={tmp_path / 'w'}"],
+                     cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2 and r.stderr.splitlines() == [r.stderr.strip()], r.stderr
+  assert r.stderr.startswith("xlt: error: ") and r.stderr.strip().endswith(": pick a base model first"), r.stderr
+  assert "ValueError" not in r.stderr
+
+
 def test_a_missing_config_file_is_one_line_and_exit_2(tmp_path):
   for args in (["--config=configs/no_such.py"], ["--config=configs/no_such.py", "--config.train.steps=3"]):
     r = subprocess.run([sys.executable, "-m", "xlt.main", *args, f"--workdir={tmp_path}"], cwd=REPO,

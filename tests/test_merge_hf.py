@@ -394,3 +394,25 @@ def test_transformers_loads_a_command_line_merge_with_the_in_memory_logits(tmp_p
   reference = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
   reference.load_state_dict({k: torch.from_numpy(np.asarray(x)) for k, x in want.items()}, strict=True)
   np.testing.assert_allclose(logits(load_hf(out), "llama"), logits(reference, "llama"), rtol=1e-6, atol=1e-6)
+
+
+def test_a_killed_writes_temporaries_are_removed_by_the_next_write(tmp_path, capsys):
+  """A write killed mid-way leaves hidden siblings the size of the model: the next write of
+  the same directory removes those whose process is gone and names those it cannot tell."""
+  _, tensors = hf.read_model_dir(fixture("llama"))
+  out = str(tmp_path / "out")
+  gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+  dead = int(gone.stdout)
+  stale = [tmp_path / f".tmp_out_{dead}_0123456789ab", tmp_path / f".old_out_{dead}_ba9876543210"]
+  unknown, alive, other = (tmp_path / ".tmp_out_a1b2c3d4e5f6", tmp_path / f".tmp_out_{os.getppid()}_a1b2c3d4e5f6",
+                           tmp_path / f".tmp_other_{dead}_0123456789ab")
+  for d in (*stale, unknown, alive, other):
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(b"x" * 1000)
+  hf.write_model_dir(tensors, out, source_dir=fixture("llama"))
+  assert not any(d.exists() for d in stale)
+  assert unknown.exists() and alive.exists() and other.exists()  # another output's, or maybe not stale
+  err = capsys.readouterr().err
+  assert all(f"xlt: removed {d}, left by an interrupted write of {out}" in err for d in stale)
+  assert f"xlt: {unknown} may be left by an interrupted write" in err and str(alive) not in err
+  assert sorted(os.listdir(tmp_path)) == sorted(["out", *(d.name for d in (unknown, alive, other))])

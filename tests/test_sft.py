@@ -160,7 +160,12 @@ def test_split_deterministic_and_disjoint(tok, tmp_path):
     (['{"prompt": "w1"}'], r"a.jsonl:1: needs 'prompt' and 'completion', or 'messages'; has keys \['prompt'\]"),
     (['{"prompt": 1, "completion": "w2"}'], "must be strings"),
     (["", '[1, 2]'], r"a.jsonl:2: expected a JSON object"),
-    (['{"messages": [{"role": "user", "content": "w1"}]}'], "no assistant message"),
+    (['{"messages": [{"role": "user", "content": "w1"}]}'], r"a.jsonl:1: no assistant message \(its roles: user\)"),
+    (['{"prompt": "w1", "completion": "w2"}', '{"messages": [{"role": "user", "content": "w1"}, {"role": "wizard", '
+      '"content": "w2"}, {"role": "assistant", "content": "w3"}]}'], r"a.jsonl:2: message 1 has the role 'wizard'"),
+    (['{"prompt": "w1", "completion": ""}', '{"messages": [{"role": "user", "content": "w1"}, '
+      '{"role": "assistant", "content": " "}]}'], r"a.jsonl: all 2 completions are empty \(the first on line 1\)"),
+    (['{"prompt": "w1", "completion": "w2",}'], r"a.jsonl:1: not valid JSON \(a trailing comma .* at column 36\)"),
     (['{"messages": [{"role": "user"}]}'], "message 0 needs a string 'role' and a string 'content'"),
     (["", "  "], "has no examples"),
 ])

@@ -16,6 +16,7 @@ parameters. A checkpoint restores only with the number of processes that wrote i
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import grain
@@ -56,13 +57,13 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, data_iter):
           loop=ocp.args.JsonRestore()))
       return out["state"], out["loop"]
     except Exception as e:  # orbax, tensorstore and json each raise their own kinds
-      why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+      why = reason(e)
       failures.append(f"step {step} ({why})")
       # every process fails on the same files; one renames them, the others wait for it
       if distributed.is_main():
         aside = _set_aside(directory, step)
-        print(f"xlt: checkpoint step {step} in {directory} cannot be restored ({why}); moved to {aside}, "
-              f"trying an older one", file=sys.stderr, flush=True)
+        print(f"xlt: checkpoint step {step} in {directory} cannot be restored ({why}); set aside as "
+              f"{os.path.basename(aside)}, trying an older one", file=sys.stderr, flush=True)
       distributed.barrier(f"xlt_set_aside_{step}")
       mngr.reload()
   if failures:
@@ -70,6 +71,20 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, data_iter):
                           f"ones are kept as <step>.damaged; move {os.path.dirname(directory)} away (or delete "
                           f"{directory}) to start the run fresh")
   return None
+
+
+# what a library's error may carry that says nothing to a person: pybind11 / Python object
+# reprs and tensorstore's spec dumps
+_NOISE = re.compile(r"<[^<>]*\bat 0x[0-9a-fA-F]+>|\{[^{}]*\}|\[source locations=[^\]]*\]")
+REASON_CHARS = 120
+
+
+def reason(error: Exception) -> str:
+  """A short why of a failed restore: the error's first line without object reprs or specs,
+  at most REASON_CHARS characters."""
+  lines = str(error).strip().splitlines()
+  text = " ".join(_NOISE.sub("", lines[0] if lines else "").split()).strip(" :;,") or type(error).__name__
+  return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 3].rstrip() + "..."
 
 
 def _check_process_count(directory: str, step: int):

@@ -12,9 +12,15 @@ template, with the assistant's turn opened. Each output line is the prompt's rec
 eos_token_id) and "ids" added; the file is rewritten atomically after every batch, so it holds
 the finished prompts and is never torn. With --answers (one {"answer": ...} line per prompt),
 each record gets "answer", "predicted" and "correct", and the accuracy is printed and
-written beside the output (out.jsonl -> out.accuracy.json).
-Scoring is MGSM's: the last number in the continuation, commas removed (`final_number`),
-equal to the answer's.
+written beside the output (out.jsonl -> out.accuracy.json). --match says what counts as
+correct (`MATCHES`):
+  exact   the continuation equals the answer, leading and trailing spaces ignored (the
+          default; what xlt.experiments.finetune's table reports as exact match);
+  number  MGSM's: the last number in the continuation, commas removed (`final_number`),
+          equal to the answer's;
+  task    the scorer of the record's own task: a record whose "set" is an xlt arithmetic set
+          ("add_digit/letter", the prompt files of configs/llama_base.py) is scored by
+          xlt.data.arithmetic (exact match in the language's script, and "any_script").
 
 --perplexity scores a text file as one document: its tokens (with the BOS the tokenizer adds)
 cut into rows of `block` + 1 tokens that overlap by one, so every token after the first is
@@ -59,6 +65,7 @@ class UserError(ValueError):
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+MATCHES = ("exact", "number", "task")
 
 
 def final_number(text) -> str | None:
@@ -199,7 +206,10 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--chat", action="store_true", help="apply the chat template to plain prompts too")
   p.add_argument("--max_new", type=int, default=256, help="new tokens at most per prompt")
   p.add_argument("--batch", type=int, default=32, help="prompts (or perplexity rows) per batch")
-  p.add_argument("--answers", help="JSON lines {\"answer\": ...}, one per prompt: score the final numbers")
+  p.add_argument("--answers", help="JSON lines {\"answer\": ...}, one per prompt: score the continuations")
+  p.add_argument("--match", default="exact", choices=MATCHES,
+                 help="what counts as correct: the exact string (as the finetune table), the final number "
+                      "(MGSM), or the task's own scorer")
   p.add_argument("--block", type=int, default=None, help="perplexity: targets per row (default: the context)")
   p.add_argument("--dtype", default=None, help="the parameters' dtype (xlt.pretrained.load)")
   p.add_argument("--traceback", action="store_true", help="on an error, the full trace instead of one line")
@@ -220,7 +230,8 @@ def read_jsonl(path: str, what: str) -> list[dict]:
       try:
         record = json.loads(line)
       except json.JSONDecodeError as e:
-        raise UserError(f"{path} line {number} is not JSON: {e.msg}") from None
+        what, _, column = fileio.json_fault(e)
+        raise UserError(f"{path} line {number} is not JSON: {what} at column {column}") from None
       if not isinstance(record, dict):
         raise UserError(f"{path} line {number} is not a JSON object")
       out.append((number, record))
@@ -247,13 +258,40 @@ def _accuracy_path(output: str) -> str:
   return (output[:-len(".jsonl")] if output.endswith(".jsonl") else output) + ".accuracy.json"
 
 
-def score(records: list[dict], answers: list) -> dict:
-  """Adds "answer", "predicted" and "correct" to each record; {"correct", "total", "accuracy"}."""
+def match(continuation: str, answer, mode: str = "exact", record: dict | None = None) -> dict:
+  """{"predicted", "correct"} (and the task's own fields) of one continuation under `mode`
+  (module doc); `record` is the prompt's line, which a task scorer reads ("set", "prompt")."""
+  if mode == "exact":
+    predicted = str(continuation).strip()
+    return {"predicted": predicted, "correct": predicted == str(answer).strip()}
+  if mode == "number":
+    predicted = final_number(continuation)
+    return {"predicted": predicted, "correct": predicted is not None and predicted == final_number(answer)}
+  if mode == "task":
+    from xlt.data import arithmetic
+
+    record = record or {}
+    if not isinstance(record.get("set"), str) or not isinstance(record.get("prompt"), str):
+      raise UserError("--match=task needs each prompt's \"set\" (an xlt arithmetic set such as add_digit/letter) "
+                      "and \"prompt\"")
+    try:
+      s = arithmetic.score_text(record["set"], record["prompt"], continuation)
+    except ValueError as e:
+      raise UserError(f"--match=task: {e}") from None
+    return {"predicted": str(continuation).strip(), "correct": bool(s["exact_match"]), "any_script": bool(s["any_script"])}
+  raise UserError(f"--match must be one of {', '.join(MATCHES)}, got {mode!r}")
+
+
+def score(records: list[dict], answers: list, mode: str = "exact") -> dict:
+  """Adds "answer", "predicted" and "correct" (`match`) to each record; {"correct", "total",
+  "accuracy", "match"} (and "any_script" under a task scorer that gives it)."""
   for r, a in zip(records, answers):
-    r["answer"], r["predicted"] = a, final_number(r["continuation"])
-    r["correct"] = r["predicted"] is not None and r["predicted"] == final_number(a)
+    r.update(answer=a, **match(r["continuation"], a, mode, r))
   correct = sum(r["correct"] for r in records)
-  return {"correct": correct, "total": len(records), "accuracy": correct / max(len(records), 1)}
+  out = {"correct": correct, "total": len(records), "accuracy": correct / max(len(records), 1), "match": mode}
+  if records and all("any_script" in r for r in records):
+    out["any_script"] = sum(r["any_script"] for r in records) / len(records)
+  return out
 
 
 def read_answers(path: str, n: int) -> list:
@@ -277,9 +315,10 @@ def run_prompts(args, cfg, params, tokenizer, records, prompts, answers) -> dict
   out = [{**r, **res} for r, res in zip(records, results)]
   summary = None
   if answers is not None:
-    summary = score(out, answers)
+    summary = score(out, answers, args.match)
     fileio.write_text(_accuracy_path(args.output), json.dumps(summary, indent=1) + "\n")
-    print(f"accuracy {summary['accuracy']:.4f} ({summary['correct']}/{summary['total']})")
+    print(f"accuracy {summary['accuracy']:.4f} ({summary['correct']}/{summary['total']}, {args.match} match"
+          + (f"; right value in either script {summary['any_script']:.4f}" if "any_script" in summary else "") + ")")
   fileio.write_text(args.output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out))
   print(f"{len(out)} continuations in {args.output}")
   return summary
@@ -309,6 +348,9 @@ def run(argv: list[str]) -> dict | None:
   if args.prompts is not None:  # every input checked before the model loads
     records, prompts = read_prompts(args.prompts)
     answers = None if args.answers is None else read_answers(args.answers, len(records))
+    if answers is not None and args.match == "task":
+      for r in records:  # each prompt names a task that xlt can score
+        match("", None, "task", r)
   tokenizer = hf_tokenizer.load(args.model)
   cfg, params = load_model(args.model, args.dtype)
   if args.prompts is not None:

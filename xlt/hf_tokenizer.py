@@ -61,7 +61,8 @@ def _json(model_dir: str, name: str, limit: int = MAX_CONFIG_BYTES):
   try:
     return json.loads(_read(path, limit))
   except json.JSONDecodeError as e:
-    raise TokenizerError(f"{path} is not valid JSON: {e}") from None
+    what, line, column = fileio.json_fault(e)
+    raise TokenizerError(f"{path} is not valid JSON: {what} at line {line} column {column}") from None
 
 
 def _content(token):
@@ -90,23 +91,30 @@ def chat_template(model_dir: str, cfg: dict, name: str | None = None) -> str | N
   take priority over tokenizer_config.json's `chat_template` (a string, or a list of
   {"name", "template"}), then chat_template.json. With several, `name` picks one, else
   "default"."""
+  found = chat_template_and_file(model_dir, cfg, name)
+  return None if found is None else found[0]
+
+
+def chat_template_and_file(model_dir: str, cfg: dict, name: str | None = None) -> tuple[str, str] | None:
+  """(template, the file it came from) of `chat_template`, or None."""
   templates = {}
   jinja = os.path.join(model_dir, "chat_template.jinja")
   if os.path.isfile(jinja):
-    templates["default"] = _read(jinja, MAX_CONFIG_BYTES)
+    templates["default"] = (_read(jinja, MAX_CONFIG_BYTES), jinja)
   extra = os.path.join(model_dir, "additional_chat_templates")
   if os.path.isdir(extra):
     for f in sorted(os.listdir(extra)):
       if f.endswith(".jinja"):
-        templates[f.removesuffix(".jinja")] = _read(os.path.join(extra, f), MAX_CONFIG_BYTES)
+        templates[f.removesuffix(".jinja")] = (_read(os.path.join(extra, f), MAX_CONFIG_BYTES), os.path.join(extra, f))
   if not templates:
-    value = cfg.get("chat_template")
+    value, where = cfg.get("chat_template"), os.path.join(model_dir, "tokenizer_config.json")
     if value is None:
-      value = (_json(model_dir, "chat_template.json") or {}).get("chat_template")
+      value, where = (_json(model_dir, "chat_template.json") or {}).get("chat_template"), os.path.join(
+          model_dir, "chat_template.json")
     if isinstance(value, list):
-      templates = {t["name"]: t["template"] for t in value}
+      templates = {t["name"]: (t["template"], f"{where} ({t['name']})") for t in value}
     elif isinstance(value, str):
-      templates["default"] = value
+      templates["default"] = (value, where)
   if not templates:
     return None
   if name is None and len(templates) > 1 and "default" not in templates:
@@ -115,6 +123,23 @@ def chat_template(model_dir: str, cfg: dict, name: str | None = None) -> str | N
   if key not in templates:
     raise TokenizerError(f"{model_dir} has no chat template {key!r} (has {sorted(templates)})")
   return templates[key]
+
+
+def template_error(source: str, error: Exception) -> TokenizerError:
+  """One line for a chat template that fails: the file it came from and what failed (a
+  syntax error and its line, the template's own raise_exception, the sandbox refusing an
+  attribute), never the renderer's trace."""
+  import jinja2
+  import jinja2.sandbox
+
+  message = (str(getattr(error, "message", None) or error).strip().splitlines() or [type(error).__name__])[0]
+  if isinstance(error, jinja2.TemplateSyntaxError):
+    return TokenizerError(f"{source}: the chat template has a syntax error at its line {error.lineno}: {message}")
+  if isinstance(error, jinja2.sandbox.SecurityError):
+    return TokenizerError(f"{source}: the chat template was stopped by the sandbox: {message}")
+  if isinstance(error, jinja2.TemplateError):
+    return TokenizerError(f"{source}: the chat template refused the conversation: {message}")
+  return TokenizerError(f"{source}: the chat template failed on the conversation: {message}")
 
 
 def _generation_extension():
@@ -173,8 +198,9 @@ class Tokenizer:
   """
 
   def __init__(self, backend, special: dict, template: str | None, ids: dict, stop_ids: list[int],
-               clean_up: bool = False):
+               clean_up: bool = False, template_file: str = "the chat template"):
     self._backend, self.special, self.template = backend, special, template
+    self.template_file = template_file
     self.bos_id, self.eos_id, self.pad_id = ids.get("bos_token"), ids.get("eos_token"), ids.get("pad_token")
     self.stop_ids = stop_ids
     self._clean_up = clean_up
@@ -200,10 +226,15 @@ class Tokenizer:
       raise TokenizerError("this model has no chat template (tokenizer_config.json, chat_template.jinja)")
     if not messages:
       raise ValueError("cannot apply a chat template to an empty conversation")
-    if self._compiled is None:
-      self._compiled = compile_template(self.template)
-    return self._compiled.render(messages=list(messages), **{**self.special, **kwargs,
-                                                              "add_generation_prompt": add_generation_prompt})
+    try:
+      if self._compiled is None:
+        self._compiled = compile_template(self.template)
+      return self._compiled.render(messages=list(messages), **{**self.special, **kwargs,
+                                                                "add_generation_prompt": add_generation_prompt})
+    except TokenizerError:
+      raise
+    except Exception as e:  # noqa: BLE001  (whatever a template does wrong is one line naming it)
+      raise template_error(self.template_file, e) from None
 
   def encode_chat(self, messages, add_generation_prompt: bool = True, **kwargs) -> list[int]:
     return self.encode(self.apply_chat_template(messages, add_generation_prompt, **kwargs), add_special_tokens=False)
@@ -352,4 +383,5 @@ def load(model_dir: str, template_name: str | None = None) -> Tokenizer:
   stop = list(dict.fromkeys(stop + _ids(ids.get("eos_token"))))
   clean_up = bool(cfg.get("clean_up_tokenization_spaces", False)) and not (
       isinstance(backend, _Fast) and type(backend.tok.model).__name__ == "BPE")
-  return Tokenizer(backend, special, chat_template(model_dir, cfg, template_name), ids, stop, clean_up)
+  template, template_file = chat_template_and_file(model_dir, cfg, template_name) or (None, "")
+  return Tokenizer(backend, special, template, ids, stop, clean_up, template_file)

@@ -32,6 +32,7 @@ from xlt import distributed
 from xlt import ensemble as ensemble_lib
 from xlt import metrics as metrics_lib
 from xlt import model as model_lib
+from xlt import progress as progress_lib
 from xlt import sharding
 from xlt import train as train_lib
 from xlt.data import pipeline
@@ -150,8 +151,11 @@ def train_ensemble(c, model_cfg: model_lib.Config, members: Sequence[Member],
   ls = _restore_or_init(run, model_cfg, tx, seeds, init_params)
   run.writer = metrics_lib.Writer(workdir, [m.name for m in members])
   run.schedule = train_lib.make_schedule(c.opt)
-  run.bar = tqdm(total=run.t.steps, initial=ls.step, disable=not run.progress,
-                 desc=os.path.basename(workdir) or "train", dynamic_ncols=True)
+  run.bar = progress_lib.Progress(run.t.steps, ls.step, os.path.basename(workdir) or "train", run.progress)
+  if ls.step:
+    done = ls.step >= run.t.steps or not len(ls.live)
+    run.bar.note(f"{run.bar.desc}: resuming from the checkpoint of step {ls.step} of {run.t.steps}"
+                 + (": it had finished" if done else f", {len(ls.live)} of {len(members)} models still training"))
   with jax.set_mesh(run.mesh):
     while ls.step < run.t.steps and len(ls.live) and (stop_after is None or ls.step < stop_after):
       _iteration(run, ls)
@@ -176,8 +180,8 @@ def _setup(c, model_cfg, members, evaluate, workdir, tx, mesh, progress, init_pa
   strategy = ensemble_lib.resolve(t.get("ensemble", "auto"), platform)
   progress = progress and distributed.is_main()  # one progress bar, not one per process
   if progress:  # which strategy ran belongs in the run's log (main.py keeps absl at WARNING)
-    tqdm.write(f"training {len(members)} members together: {strategy} over the ensemble axis on {platform}, "
-               f"mesh {dict(mesh.shape)}")
+    tqdm.write(f"training {len(members)} model(s) together in one compiled step (train.ensemble="
+               f"{t.get('ensemble', 'auto')}: {strategy}), on {platform} devices {dict(mesh.shape)}")
   step_for = _step_builder(c, model_cfg, members, tx, mesh, accum, init_params)
   _, state_sh, batch_sh = step_for(len(members))
   seq = members[0].phases[0]["tokens"].shape[1] - 1
@@ -258,7 +262,7 @@ def _iteration(run: _Run, ls: LoopState):
   metrics = _train_step(run, ls)
   _log_previous(run, ls)
   _time(ls, metrics)
-  run.bar.update(1)
+  run.bar.update(ls.step)
   t = run.t
   if run.evaluate is not None and (ls.step % t.eval_every == 0 or ls.step == t.steps):
     _evaluate_and_stop(run, ls)
@@ -295,7 +299,7 @@ def _log_previous(run: _Run, ls: LoopState):
   for j, i in enumerate(p_live):
     run.writer.write(p_step, run.members[i].name, {"loss": loss[j], "lr": run.schedule(p_step),
                                                    "grad_norm": gnorm[j], "tokens_per_s": ls.tok_s})
-  run.bar.set_postfix(loss=f"{loss.mean():.3f}", tok_s=f"{ls.tok_s:,.0f}", live=len(p_live))
+  run.bar.set_status(float(loss.mean()), ls.tok_s, len(p_live), len(run.members))
   if ls.timer is not None:  # (after an evaluation, the next step starts the window)
     ls.timer = time.perf_counter()
 
@@ -339,9 +343,20 @@ def _evaluate_and_stop(run: _Run, ls: LoopState):
     if _stops(run.t, ls, i, s):
       active[i] = False
       ls.stopped_at[i] = ls.step
+      run.bar.note(_stop_note(run, ls, i, s))
   ls.state = jax.device_put({**ls.state, "active": active}, run.state_sh)
   ls.live, ls.sub = _split(ls.state)
   run.writer.flush()
+
+
+def _stop_note(run: _Run, ls: LoopState, i: int, score: float) -> str:
+  """Why member i stops training at this step, in words."""
+  t, name = run.t, run.members[i].name
+  best_step = max(ls.history[i], key=lambda sv: sv[1])[0]
+  why = (f"it reached the target score {t.target_score}" if score >= t.target_score else
+         f"its validation score has not improved on its best ({ls.best[i]:.4f}, step {best_step}) for "
+         f"{ls.since_best[i]} evaluations (train.patience={t.patience}); its best parameters are kept")
+  return f"{run.bar.desc}: {name} stops early at step {ls.step} of {t.steps}: {why}"
 
 
 def _stops(t, ls: LoopState, i: int, score: float) -> bool:
@@ -363,6 +378,8 @@ def _finish(run: _Run, ls: LoopState) -> dict:
   ls.state = _merged(run, ls)
   run.bar.close()
   finished = ls.step >= run.t.steps or not len(ls.live)
+  if ls.step < run.t.steps and not len(ls.live) and run.bar.started is not None:  # (this call trained)
+    run.bar.note(f"{run.bar.desc}: ends at step {ls.step} of {run.t.steps}: every model stopped early")
   if finished and run.mngr.latest_step() != ls.step:
     ckpt_lib.save(run.mngr, ls.step, ls.state, run.data, ls.checkpointed())
   run.mngr.wait_until_finished()

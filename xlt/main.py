@@ -24,6 +24,7 @@ on stderr and exit status 2, so cluster scripts can tell them apart from a crash
 
 import difflib
 import os
+import re
 import sys
 
 from absl import app, flags, logging
@@ -106,8 +107,8 @@ def _flag_error(argv: list[str], error: Exception) -> str:
   lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
   if not lines:
     return type(error).__name__
-  if any(line.startswith("Traceback") for line in lines):  # the config file raised
-    return f"{lines[0].removeprefix('flag ').rstrip(':')}: {lines[-1]}"
+  if any(line.startswith("Traceback") for line in lines):  # the config file raised: its message, not its class
+    return f"{lines[0].removeprefix('flag ').rstrip(':')}: {re.sub(r'^[A-Za-z_.]*(Error|Exception): ', '', lines[-1])}"
   return " ".join(lines).removeprefix("flag ")
 
 
@@ -157,6 +158,14 @@ def _dotted(node, prefix: str = "") -> list[str]:
   return out
 
 
+def _message(error: Exception) -> str:
+  """An error's message as one line, without Python's class name (a KeyError's own quotes
+  dropped); the class name only where there is no message."""
+  text = error.args[0] if isinstance(error, KeyError) and len(error.args) == 1 else error
+  lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+  return " ".join(lines) if lines else type(error).__name__
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint file at INFO
@@ -188,7 +197,7 @@ def main(argv):
     # that says what to change; anything else is a bug and keeps its traceback.
     if _TRACEBACK.value:
       raise
-    print(f"xlt: error: {type(e).__name__}: {e} (--traceback for the full trace)", file=sys.stderr)
+    print(f"xlt: error: {_message(e)} (--traceback for the full trace)", file=sys.stderr)
     sys.exit(2)
 
 

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xlt import hf_sizes
 from xlt import model
 from xlt import paths
 from xlt import sharding
@@ -348,6 +349,7 @@ def load(path: str, *, mesh=None, rules=None, dtype: str | None = None):
   Every tensor's shape is checked against the config; a tensor the model does not use (besides
   rotary/mask buffers and a tied lm_head) is an error, as is a missing one."""
   hf, tensors = hf_dir.read_model_dir(path)
+  hf_sizes.check(hf, tensors, path)  # before any shape is built from config.json
   cfg = config_from_hf(hf, dtype=dtype or _file_dtype(tensors))
   family, shapes = family_of(hf), _leaf_shapes(cfg)
   maps = table(cfg, family, shapes)
@@ -381,6 +383,16 @@ def load(path: str, *, mesh=None, rules=None, dtype: str | None = None):
     out[leaf] = _placer(kind, tuple(shapes[leaf]), cfg.param_dtype, where)(*hf_arrays).block_until_ready()
     del hf_arrays  # before the next read: one leaf's two copies at a time
   return cfg, _nest(out)
+
+
+def abstract(path: str, *, dtype: str | None = None):
+  """(model.Config, the params' shapes and dtypes as jax.ShapeDtypeStruct) of the model
+  directory `path`, from config.json and the safetensors headers alone: no weight is read, so
+  a memory estimate can refuse a model before it loads (`load`'s dtype argument)."""
+  hf, tensors = hf_dir.read_model_dir(path)
+  hf_sizes.check(hf, tensors, path)
+  cfg = config_from_hf(hf, dtype=dtype or _file_dtype(tensors))
+  return cfg, jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
 
 
 class _HfTensor:

@@ -37,6 +37,7 @@ preemption would: it returns no rows.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -53,11 +54,26 @@ from xlt.experiments import common
 def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None, mesh=None) -> list[dict]:
   """Runs the experiment `c` describes in `workdir`; returns its results rows (empty if stopped
   early by `stop_after`, which applies to each training stage). `mesh` overrides the one
-  the config describes (a test on one device)."""
+  the config describes (a test on one device). A run that fails before anything trained
+  (a bad data file, a config the kind refuses) releases the workdir it claimed
+  (`release_claim`), so the corrected command can use it."""
   kind = experiments.kind(c.task)  # an unknown task fails before anything is written
-  workdir, rows = open_workdir(c, workdir)
+  workdir = os.path.abspath(workdir)
+  created = not os.path.exists(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  fresh = claim_workdir(c, workdir, kind) == "new"
+  rows = finished_rows(workdir)
   if rows is not None:
     return rows
+  try:
+    return _run_claimed(c, kind, workdir, progress=progress, stop_after=stop_after, mesh=mesh)
+  except BaseException:
+    if fresh:
+      release_claim(workdir, created)
+    raise
+
+
+def _run_claimed(c, kind, workdir: str, *, progress, stop_after, mesh) -> list[dict]:
   t0 = time.time()
   prep = kind.prepare(c, workdir)
   trained: dict[str, common.Trained] = {}
@@ -73,6 +89,31 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   print(json.dumps({k: v for k, v in summary.items() if k == "wall_s" or isinstance(v, (int, float, str))},
                    default=float))
   return rows
+
+
+def trained_anything(workdir: str) -> bool:
+  """Whether a run wrote anything that training produced in `workdir`: a checkpoint step
+  (a folder in some stage's ckpt/) or best parameters."""
+  for root, dirs, files in os.walk(workdir):
+    if os.path.basename(root) == "ckpt" and dirs:
+      return True
+    if "best_params.npz" in files:
+      return True
+  return False
+
+
+def release_claim(workdir: str, created: bool):
+  """Undoes the claim of a run that failed before anything trained: removes the config.json
+  it recorded (and the workdir, when the run made it and it holds nothing else), so the
+  corrected command is not refused as "another config"."""
+  if trained_anything(workdir):
+    return
+  with contextlib.suppress(FileNotFoundError):
+    os.remove(os.path.join(workdir, "config.json"))
+  if created:
+    for root, _, _ in os.walk(workdir, topdown=False):  # empty stage folders, then the workdir
+      if not os.listdir(root):
+        os.rmdir(root)
 
 
 def train_stage(c, stage: common.Stage, workdir: str, *, stop_after=None, progress=True, mesh=None):
@@ -126,37 +167,53 @@ def train_and_select(c, model_cfg: model_lib.Config, members: Sequence[loop_lib.
 MAY_CHANGE_ON_RESUME = ("train.log_every", "train.checkpoint_every", "mesh.")
 
 
-def claim_workdir(c, workdir: str):
-  """Records the config in <workdir>/config.json, or checks it against the one recorded there.
+def claim_workdir(c, workdir: str, kind=None) -> str:
+  """Records the config in <workdir>/config.json, or checks it against the one recorded there;
+  returns "new" (recorded now), "same" or "added".
 
   A workdir holds one experiment: its checkpoints resume and its results are reused when the
   command is run again. Run again with another recipe (say `--config.train.steps`), it would
   silently continue or report the old one; so a config that differs from the recorded one in
   a field that changes results is an error naming the fields. (A workdir without a
-  config.json gets this run's.)"""
+  config.json gets this run's.) A kind with `adds_recipes(recorded, c, changes)` may accept
+  a config that only adds recipes ("added"): the finished stages are kept, the new ones
+  trained, and the outputs written again (the finished mark, results.json, is removed first,
+  then the new config recorded)."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
-    now = json.loads(json.dumps(c.to_dict(), default=repr))
-    results_lib.atomic_write(path, json.dumps(now, indent=1, sort_keys=True))
-    return
+    results_lib.atomic_write(path, json.dumps(_as_json(c), indent=1, sort_keys=True))
+    return "new"
   with open(path) as f:
     recorded = json.load(f)
   changes = {k: v for k, v in common.config_changes(recorded, c).items()
              if not any(k == m or (m.endswith(".") and k.startswith(m)) for m in MAY_CHANGE_ON_RESUME)}
+  if not changes:
+    return "same"
+  if kind is not None and hasattr(kind, "adds_recipes") and kind.adds_recipes(recorded, c, changes):
+    for name in ("results.json", "results.csv"):
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(workdir, name))
+    results_lib.atomic_write(path, json.dumps(_as_json(c), indent=1, sort_keys=True))
+    print(f"{workdir}: the config adds recipes ({', '.join(sorted(changes))}): the finished stages are kept, "
+          "the new ones train", flush=True)
+    return "added"
   diff = sorted(changes, key=lambda k: (common.UNSET in changes[k], k))  # changed values before added fields
-  if diff:
-    shown = "; ".join(f"{k}: {changes[k][0]!r} there, {changes[k][1]!r} now" for k in diff[:8])
-    raise ValueError(f"{workdir} holds an experiment run with another config ({shown}"
-                     f"{'; ...' if len(diff) > 8 else ''}): use a fresh workdir (its recorded config is "
-                     f"{path})")
+  shown = "; ".join(f"{k}: {changes[k][0]!r} there, {changes[k][1]!r} now" for k in diff[:8])
+  raise ValueError(f"{workdir} holds an experiment run with another config ({shown}"
+                   f"{'; ...' if len(diff) > 8 else ''}): use a fresh workdir (its recorded config is "
+                   f"{path})")
 
 
-def open_workdir(c, workdir: str) -> tuple[str, list[dict] | None]:
+def _as_json(c) -> dict:
+  return json.loads(json.dumps(c.to_dict(), default=repr))
+
+
+def open_workdir(c, workdir: str, kind=None) -> tuple[str, list[dict] | None]:
   """The workdir as an absolute path, created and claimed for `c` (`claim_workdir`), and the
   rows of the experiment it finished earlier, or None."""
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
-  claim_workdir(c, workdir)
+  claim_workdir(c, workdir, kind)
   return workdir, finished_rows(workdir)
 
 

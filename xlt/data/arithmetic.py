@@ -87,6 +87,18 @@ def score(op: str, a: int, b: int | None, answer: Sequence[str], language: str) 
   return {"exact_match": float(exact), "any_script": float(exact or other)}
 
 
+def score_text(set_name: str, prompt: str, continuation: str) -> dict:
+  """`score` of a test prompt written as text (xlt.experiments.pretrain_hf's prompt files: set
+  "op/language", prompt "[std] 327 + 4 =", the operands' digits run together) and a model's
+  continuation (the answer's symbols, run together or spaced)."""
+  op, _, language = str(set_name).partition("/")
+  _check(op, language)
+  operands = [int(w) for w in prompt.split() if w.isdigit()]
+  if len(operands) != (2 if op in BINARY else 1):
+    raise ValueError(f"prompt {prompt!r} is not a {op} problem of set {set_name!r}")
+  return score(op, operands[0], operands[1] if op in BINARY else None, tuple("".join(continuation.split())), language)
+
+
 def _problems(op: str, n: int, seed, ac, exclude=frozenset()) -> list[tuple[int, int | None]]:
   if op == "add_digit":
     # a + d for one digit d >= 2 (d = 1 is succ) whose units carry: an answer no other

@@ -77,6 +77,9 @@ from xlt.merge import fileio
 # read one anyway.
 MAX_FILE_BYTES = 4 << 30
 TOO_LONG = ("truncate", "drop")
+# the roles chat templates know (OpenAI's and Llama 3.1's); any other is a typo that a
+# template would render as a turn of its own, or silently drop
+ROLES = ("system", "user", "assistant", "tool", "developer", "function", "ipython")
 
 
 class SFTError(ValueError):
@@ -108,8 +111,12 @@ def _check_record(rec, where: str) -> dict:
     for i, m in enumerate(msgs):
       if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
         raise SFTError(f"{where}: message {i} needs a string 'role' and a string 'content', got {m!r:.80}")
+      if m["role"] not in ROLES:
+        raise SFTError(f"{where}: message {i} has the role {m['role']!r}; a chat message's role is one of "
+                       f"{', '.join(ROLES)}")
     if not any(m["role"] == "assistant" for m in msgs):
-      raise SFTError(f"{where}: no assistant message, so nothing to train on")
+      found = ", ".join(dict.fromkeys(m["role"] for m in msgs))
+      raise SFTError(f"{where}: no assistant message (its roles: {found}), so nothing to train on")
     return {"messages": msgs}
   if "prompt" in rec and "completion" in rec:
     if not isinstance(rec["prompt"], str) or not isinstance(rec["completion"], str):
@@ -133,11 +140,22 @@ def read_jsonl(path: str, max_bytes: int = MAX_FILE_BYTES) -> list[dict]:
       try:
         rec = json.loads(line)
       except json.JSONDecodeError as e:
-        raise SFTError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        what, _, column = fileio.json_fault(e)
+        raise SFTError(f"{where}: not valid JSON ({what} at column {column})") from None
       records.append({**_check_record(rec, where), "line": lineno})
   if not records:
     raise SFTError(f"{path} has no examples")
+  if all(not _response(r).strip() for r in records):
+    raise SFTError(f"{path}: all {len(records)} completions are empty (the first on line {records[0]['line']}): "
+                   "the model would learn only to end its answer")
   return records
+
+
+def _response(rec: dict) -> str:
+  """What an example trains on: its completion, or its assistant messages' text."""
+  if "messages" in rec:
+    return "".join(m["content"] for m in rec["messages"] if m["role"] == "assistant")
+  return rec["completion"]
 
 
 # ------------------------------------------------------------------------ encoding
@@ -153,6 +171,15 @@ def _prompt_completion(tok, rec, add_eos: bool):
 
 def _chat_pieces(tok, msgs, where: str) -> list[tuple[str, bool]]:
   """The conversation's text cut into (text, trained) pieces by prefix rendering."""
+  try:
+    return _rendered_pieces(tok, msgs, where)
+  except SFTError:
+    raise
+  except ValueError as e:  # the template's own one-line error (xlt.hf_tokenizer.TokenizerError)
+    raise SFTError(f"{where}: {e}") from None
+
+
+def _rendered_pieces(tok, msgs, where: str) -> list[tuple[str, bool]]:
   full = tok.apply_chat_template(msgs, add_generation_prompt=False)
   pieces, at = [], 0
   for i, m in enumerate(msgs):

@@ -2,9 +2,11 @@
 fine-tuned from one base (`c.base`, any directory xlt.pretrained loads) on the user's jsonl
 files (xlt.data.sft), then composed and merged as the papers do (configs/finetune.py).
 
-  1. prepare   load the base and its tokenizer, encode `c.data.task` and `c.data.language`
-               (each with a validation split), label the partitions, print the memory
-               estimate of one trained model (and fail early over `c.device_memory_gb`);
+  1. prepare   check the config, print the memory estimate of one trained model from
+               config.json and the safetensors headers (and fail over `c.device_memory_gb`
+               before a weight is read), encode `c.data.task` and `c.data.language` (each
+               with a validation split; their counts as a table), then load the base and
+               label the partitions;
   2. stages    the trained recipes (`plan`): the full task and language experts, the partial
                experts of each partition (the other label frozen), simultaneous alternation
                between the two datasets (the resting label frozen). All of them in one
@@ -131,6 +133,30 @@ def check(c, num_layers: int):
   finetune_peft.check(c, num_layers, partitions(c))
 
 
+# The fields a config may change on a workdir whose recipes it only adds to (`adds_recipes`)
+_ADDING_FIELDS = ("merges", "simultaneous.", "lora.", "neurons.")
+
+
+def adds_recipes(recorded: dict, c, changes: dict) -> bool:
+  """Whether `c` only adds recipes to the run whose config.json is `recorded` (xlt.runner keeps
+  its finished stages and trains the new ones): every changed field is a merge, a
+  simultaneous alternation trained alone (`together` False: a stage each), the LoRA recipes
+  where the run had none, or the trained neurons where it had none; every recorded recipe
+  and merge is still planned; and no stage that trained changes (the weight ensemble of
+  `together`, the LoRA stage, the neuron stages)."""
+  old = ml_collections.ConfigDict(recorded)
+  if any(not any(k == f or (f.endswith(".") and k.startswith(f)) for f in _ADDING_FIELDS) for k in changes):
+    return False
+  if any(k.startswith("simultaneous.") for k in changes) and c.together:
+    return False  # the alternations train in the one weight ensemble
+  if old.lora.enabled and any(k.startswith("lora.") and k != "lora.swaps" for k in changes):
+    return False  # the LoRA recipes train in one ensemble: a new one changes it
+  if old.neurons.enabled and any(k.startswith("neurons.") for k in changes):
+    return False
+  was, now = {r.name for r in plan(old)}, {r.name for r in plan(c)}
+  return was <= now and set(old.merges) <= set(c.merges)
+
+
 def slug(name: str) -> str:
   """A model's folder name: "partial task expert [C]" -> "partial_task_expert_C"."""
   return re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("_")
@@ -154,43 +180,66 @@ class Prep:
 
 
 def prepare(c, workdir: str) -> Prep:
-  """Loads the base and the data, checks the config, estimates the memory."""
+  """Checks the config, estimates the memory from config.json and the safetensors headers
+  (refusing a model that does not fit before any weight is read), then loads the base and
+  the data."""
   del workdir
-  cfg, params = pretrained.load(c.base, dtype=c.get("param_dtype") or c.dtype or None)
+  cfg, shapes = pretrained.abstract(c.base, dtype=c.get("param_dtype") or c.dtype or None)
   if c.dtype and c.dtype != cfg.dtype:  # computation in c.dtype on parameters in c.param_dtype
     cfg = dataclasses.replace(cfg, dtype=c.dtype)
-  base = jax.tree.map(np.asarray, params)
   check(c, cfg.num_layers)
   if c.data.block_size > cfg.block_size:
     raise ValueError(f"data.block_size={c.data.block_size} is over the model's context {cfg.block_size}")
+  recipes = plan(c)
+  labels = label_trees(c, shapes)  # (from the shapes: a partition without both labels fails before the load)
+  estimate = _memory(c, cfg, shapes, recipes)
   tok = hf_tokenizer.load(c.base)
   data = {}
-  for name in DATASETS:
+  for name in DATASETS:  # every data file is read and checked before the weights load
     data[name] = sft.load(c.data[name], tok, block_size=c.data.block_size, val_fraction=c.data.val_fraction,
                           seed=c.data.seed, packing=c.data.packing)
     if data[name].val is None:
       raise ValueError(f"data.{name}: val_fraction={c.data.val_fraction} leaves no validation example")
-    print(f"finetune: data.{name} {data[name].counts}", flush=True)
-  labels = label_trees(c, base)
+  print(counts_table(data), flush=True)
+  _, params = pretrained.load(c.base, dtype=c.get("param_dtype") or c.dtype or None)
+  base = jax.tree.map(np.asarray, params)
   if labels:
     cell_tree, cells = partition.refine([labels[p] for p in partitions(c)])
   else:  # no partition: one cell, every recipe trains all of it
     cell_tree, cells = jax.tree.map(lambda _: "all", base), ("all",)
-  recipes = plan(c)
-  return Prep(cfg, base, tok, data, recipes, labels, cell_tree, cells, _memory(c, cfg, base, recipes))
+  return Prep(cfg, base, tok, data, recipes, labels, cell_tree, cells, estimate)
 
 
-def _memory(c, cfg, base, recipes) -> dict:
-  """Prints the estimated memory of one fully trained model; with `c.device_memory_gb`, fails
-  when the models trained together would not fit (each gets its share of the device)."""
+def counts_table(data: dict) -> str:
+  """The datasets' counts (sft.Data.counts) as a table: a row per dataset and split."""
+  fields = ("examples", "truncated", "dropped", "rows", "tokens", "response_tokens")
+  lines = ["finetune: data", f"{'':18}" + "".join(f"{f.replace('_', ' '):>16}" for f in fields)]
+  for name, d in data.items():
+    for split, counts in d.counts.items():
+      lines.append(f"{f'data.{name} {split}':18}" + "".join(f"{counts[f]:>16,}" for f in fields))
+  return "\n".join(lines)
+
+
+def _memory(c, cfg, shapes, recipes) -> dict:
+  """Prints the estimated memory of one fully trained model (`shapes`: the base's parameters,
+  abstract); fails in one line when the models trained together would not fit
+  `c.device_memory_gb` (each gets its share), or when the parameters alone would not fit the
+  device's memory as it reports it (an accelerator; a CPU reports none)."""
   mesh = sharding.make_mesh(c.mesh)
-  est = memory.estimate(cfg, base, train_lib.make_optimizer(c.opt), mesh, batch=c.train.batch_size,
+  est = memory.estimate(cfg, shapes, train_lib.make_optimizer(c.opt), mesh, batch=c.train.batch_size,
                         seq=c.data.block_size, grad_accum=c.train.grad_accum)
   together = len([r for r in recipes if r.variant == "full"]) if c.together else 1
   print(f"finetune: estimated memory of one fully trained model"
         f"{f' (x {together}: they train together)' if together > 1 else ''}\n{memory.format(est)}", flush=True)
   if c.device_memory_gb:
     memory.check_fits(est, int(c.device_memory_gb * (1 << 30)) // together)
+  try:
+    device = (mesh.devices.flat[0].memory_stats() or {}).get("bytes_limit")
+  except Exception:  # noqa: BLE001  (a backend without memory statistics)
+    device = None
+  if device and est["params"] > device:
+    raise ValueError(f"{c.base}: its parameters alone take {est['params'] / (1 << 30):.2f} GiB per device, over the "
+                     f"device's {device / (1 << 30):.2f} GiB: shard them (mesh.fsdp) or use more devices")
   return est
 
 
@@ -264,6 +313,15 @@ def static_frozen(c, prep: Prep, recipes: list[Recipe]):
   return partition.frozen_leaves(prep.cell_tree, prep.cells, _flags(prep, c, recipes[0].phases[0][1]))
 
 
+def describe(r: Recipe) -> str:
+  """What a recipe trains, in words: "partial task expert [C]: the task data trains the task
+  part of [C] (the rest frozen)"."""
+  what = lambda w: "every parameter" if w is ALL else f"the {w[1]} part of [{w[0]}] (the rest frozen)"
+  phases = [f"the {d} data trains {what(w)}" for d, w in r.phases]
+  turns = f", {r.steps_per_phase} step(s) each in turn" if len(phases) > 1 else ""
+  return f"{r.name}: " + " and ".join(phases) + turns
+
+
 def _weights_stage(c, prep: Prep, recipes: list[Recipe], name: str) -> kind_lib.Stage:
   """Recipes fine-tuning the weights from the base. Several recipes, or one whose phases take
   turns, train under one gated optimizer: a member's recipe (which partition cells each phase
@@ -280,8 +338,8 @@ def _weights_stage(c, prep: Prep, recipes: list[Recipe], name: str) -> kind_lib.
                              r.steps_per_phase)
              for i, r in enumerate(recipes)]
   step = "gated" if frozen is None else "static"
-  print(f"finetune: stage {name}: {', '.join(r.name for r in recipes)}; partition cells {list(prep.cells)}; "
-        f"{step} step", flush=True)
+  together = f"{len(recipes)} models trained together, " if len(recipes) > 1 else ""
+  print(f"finetune: stage {name}: {together}" + "; ".join(describe(r) for r in recipes), flush=True)
   return kind_lib.Stage(name, prep.cfg, members, val_score(c, prep, [r.val for r in recipes]),
                         config=_loop_config(c, c.train, c.opt), init_params=_stack([prep.base] * len(recipes)),
                         tx=tx, info={"recipes": [r.name for r in recipes], "step": step})
@@ -335,7 +393,8 @@ def _exact_match(c, prep: Prep, params) -> dict:
       raise ValueError(f"{path}: prompt {missing[0]} has no \"answer\"")
     got = generate_lib.decode(prep.cfg, params, prep.tok, prompts, chat=c.eval.chat, max_new=c.eval.max_new,
                               batch=c.eval.batch_size)
-    correct = [g["continuation"].strip() == str(r["answer"]).strip() for g, r in zip(got, records)]
+    # the scoring of `python -m xlt.generate --answers --match=exact`, so the two agree
+    correct = [generate_lib.match(g["continuation"], r["answer"], "exact")["correct"] for g, r in zip(got, records)]
     out[os.path.splitext(os.path.basename(path))[0]] = float(np.mean(correct))
   return out
 
@@ -344,12 +403,14 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
   """Writes every model but the base as a Hugging Face directory (workdir/models/<slug>) and
   scores all of them: results rows, the table and the summary."""
   built = {"base": prep.base, **models(c, prep, trained)}
+  steps = {n: {"best step": int(b), "stopped at step": int(st)} for t in trained.values()
+           for n, b, st in zip(t.stage.info.get("recipes", ()), t.out.get("best_steps", ()), t.out["stopped_at"])}
   dirs, scores = {}, {}
   for name, params in built.items():
     if name != "base":
       dirs[name] = os.path.join("models", slug(name))
       pretrained.save(prep.cfg, params, os.path.join(workdir, dirs[name]), source_dir=c.base,
-                      card={"method": "xlt.experiments.finetune", "model": name})
+                      card=model_card(c, prep, name, steps))
     device = jax.tree.map(jnp.asarray, params)
     scores[name] = {"val_loss": _val_losses(c, prep, device), "exact_match": _exact_match(c, prep, device)}
   rows = []
@@ -364,6 +425,28 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
              "best_steps": {n: s for t in trained.values()
                             for n, s in zip(t.stage.info.get("recipes", ()), t.out.get("best_steps", ()))}}
   return rows, _table(c, scores, dirs), summary
+
+
+def model_card(c, prep: Prep, name: str, steps: dict) -> dict:
+  """What README.md of model `name` records (xlt.merge.hf's card): its base, data, recipe and
+  steps; a merge of `c.merges` also its method and options (and so the card's "merge" tag)."""
+  recipes = {r.name: r for r in prep.recipes}
+  by_label = {label: (method, options) for label, method, options in merges(c)}
+  card = {"title": f"{name}: a fine-tune of {os.path.basename(os.path.normpath(c.base))} by xlt"}
+  if name in by_label:
+    card = {"title": f"{name}: a merge of fine-tunes of {os.path.basename(os.path.normpath(c.base))} by xlt",
+            "method": by_label[name][0], "options": by_label[name][1],
+            "inputs": "the task expert, the language expert and the base"}
+  card["base"] = c.base
+  card["data"] = {d: f"{c.data[d]} ({prep.data[d].counts['train']['examples']} training examples)" for d in DATASETS}
+  if name in recipes:
+    card["recipe"] = describe(recipes[name])
+  elif name not in by_label:
+    card["recipe"] = f"{name}, built from the trained experts without further training"
+  if name in steps:
+    card["steps"] = steps[name]
+  card["made by"] = "xlt.experiments.finetune"
+  return card
 
 
 def _table(c, scores: dict, dirs: dict) -> str:

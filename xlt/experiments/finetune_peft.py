@@ -91,8 +91,9 @@ def lora_stage(c, prep, recipes, flags, val_score, config) -> kind_lib.Stage:
                                                       rank=c.lora.rank, alpha=c.lora.alpha)})
   tx = train_lib.with_state_dtype(partition.gated_optimizer(config.opt, cell_tree, cells),
                                   config.opt.get("state_dtype"))
-  print(f"finetune: stage lora: {', '.join(r.name for r in recipes)}, rank {c.lora.rank}, "
-        f"{lora.num_params(adapters0):,} adapter parameters per model; adapter cells {list(cells)}", flush=True)
+  print(f"finetune: stage lora: {len(recipes)} models trained together, each with rank-{c.lora.rank} adapters "
+        f"({lora.num_params(adapters0):,} parameters per model) on the base's attention and MLP projections, the "
+        f"base frozen: {', '.join(r.name for r in recipes)}", flush=True)
   return kind_lib.Stage("lora", prep.cfg, members, val_score([r.val for r in recipes]), config=config,
                         init_params=_stack(init), tx=tx, info={"recipes": [r.name for r in recipes], "lora": True})
 

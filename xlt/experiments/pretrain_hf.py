@@ -23,8 +23,8 @@ xlt.generate, transformers) runs end to end with nothing downloaded (configs/lla
 Text. The testbed's examples are word-level ("[std] 3 2 7 + 1 0 4 =" -> "1 3 4", answers
 least significant digit first); here a run of digits or letters is written as one word
 ("[std] 327 + 104 =" -> "134"), which the WordPiece model cuts into one token per character
-("1", "##3", "##4") and its decoder glues back, so a number reads as a number (xlt.generate's
---answers scores final numbers). The model learns from the ids of this tokenizer, the same
+("1", "##3", "##4") and its decoder glues back, so a number reads as a number and an answer
+as a string ("GCJ"; xlt.generate's --answers --match=exact or --match=task scores it). The model learns from the ids of this tokenizer, the same
 ids transformers' AutoTokenizer gives for the same text.
 """
 

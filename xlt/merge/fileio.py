@@ -55,3 +55,21 @@ def check_size(path: str, limit: int, error: type[Exception] = ValueError, why: 
   if size > limit:
     raise error(f"{path} is {size} bytes, over the {limit}-byte limit{why}")
   return size
+
+
+def json_fault(error) -> tuple[str, int, int]:
+  """(what, line, column) of a json.JSONDecodeError, at the fault rather than where the parser
+  noticed it: after a trailing comma it stops at the next token (often column 1 of the next
+  line), after a missing comma at the next key. Those point back to the comma, or to the end
+  of the token that the comma should follow."""
+  doc, pos, what = error.doc, error.pos, error.msg
+  end = pos
+  while end > 0 and doc[end - 1].isspace():
+    end -= 1
+  fault = pos
+  if what.startswith(("Expecting property name", "Expecting value")) and end and doc[end - 1] == ",":
+    fault, what = end - 1, "a trailing comma (nothing follows it)"
+  elif what.startswith("Expecting ',' delimiter") and "\n" in doc[end:pos]:
+    fault, what = end, "a missing comma after this value"
+  line = doc.count("\n", 0, fault) + 1
+  return what, line, fault - (doc.rfind("\n", 0, fault) + 1) + 1

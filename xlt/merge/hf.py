@@ -14,7 +14,9 @@ A directory written here holds
 Nothing is ever half written: the directory is built under a hidden temporary sibling
 (.tmp_<name>_*) and renamed into place once complete; a previous output is moved aside
 (.old_<name>_*) and deleted only after the new one is in place. A process killed mid-way
-leaves that hidden sibling behind, never a broken `out_dir`.
+leaves that hidden sibling behind, never a broken `out_dir`; the siblings' names carry the
+writing process's id, so the next write of the same `out_dir` removes those whose process is
+gone (saying so on stderr), and names any it cannot tell are stale (`remove_stale`).
 
 Tensors are written one at a time by `files.save`, so a tree of `files.LazyTensor`s (or any
 leaf that becomes an array on `np.asarray`) is read tensor by tensor: peak memory is about
@@ -29,6 +31,7 @@ import re
 import secrets
 import shutil
 import struct
+import sys
 
 import numpy as np
 
@@ -90,7 +93,8 @@ def write_model_dir(tensors: dict, out_dir: str, *, source_dir: str | None = Non
   _check_replaceable(out_dir, overwrite)
   parent, base = os.path.split(out_dir)
   os.makedirs(parent, exist_ok=True)
-  tmp = _fresh_dir(parent, f".tmp_{base}_")
+  remove_stale(out_dir)
+  tmp = _fresh_dir(parent, f".tmp_{base}_{os.getpid()}_")
   try:
     written = _write_into(tmp, tensors, cfg, source_dir, max_bytes, card, metadata)
     _share_files(tmp)
@@ -209,7 +213,7 @@ def _replace(tmp: str, out_dir: str) -> None:
   non-empty one, so a previous output is first moved into a hidden sibling, then deleted."""
   aside = None
   if os.path.lexists(out_dir):
-    aside = _fresh_dir(os.path.dirname(out_dir), f".old_{os.path.basename(out_dir)}_")
+    aside = _fresh_dir(os.path.dirname(out_dir), f".old_{os.path.basename(out_dir)}_{os.getpid()}_")
     os.rename(out_dir, os.path.join(aside, "previous"))
   try:
     os.rename(tmp, out_dir)
@@ -221,6 +225,38 @@ def _replace(tmp: str, out_dir: str) -> None:
   _fsync_dir(os.path.dirname(out_dir))
   if aside is not None:
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def remove_stale(out_dir: str) -> list[str]:
+  """Removes the temporary siblings (.tmp_<name>_<pid>_*, .old_<name>_<pid>_*) that a killed
+  write of `out_dir` left, when their process is gone; returns the paths removed. Siblings
+  without a process id (older xlt) or of a live process are named on stderr, not removed."""
+  parent, base = os.path.split(os.path.abspath(out_dir))
+  pattern = re.compile(rf"\.(tmp|old)_{re.escape(base)}_(?:(\d+)_)?[0-9a-f]{{12}}")
+  removed = []
+  for entry in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
+    found = pattern.fullmatch(entry)
+    if not found or not os.path.isdir(os.path.join(parent, entry)):
+      continue
+    path, pid = os.path.join(parent, entry), found.group(2)
+    if pid is not None and int(pid) != os.getpid() and not _alive(int(pid)):
+      shutil.rmtree(path, ignore_errors=True)
+      removed.append(path)
+      print(f"xlt: removed {path}, left by an interrupted write of {out_dir}", file=sys.stderr, flush=True)
+    elif pid is None:
+      print(f"xlt: {path} may be left by an interrupted write of {out_dir}; remove it if no other process is "
+            "writing there", file=sys.stderr, flush=True)
+  return removed
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's process
+    return True
+  return True
 
 
 def _fresh_dir(parent: str, prefix: str) -> str:
@@ -360,7 +396,8 @@ def _read_json(file: str):
     try:
       return json.load(f, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as e:
-      raise ValueError(f"{file} is not valid JSON ({e})") from None
+      what, line, column = fileio.json_fault(e)
+      raise ValueError(f"{file} is not valid JSON ({what} at line {line} column {column})") from None
 
 
 def _check_tensors(tensors) -> None:
