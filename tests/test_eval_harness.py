@@ -9,11 +9,11 @@ evaluator on the local tasks and compare every score with the hf backend's."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import pathlib
-import sys
 
 import numpy as np
 import pytest
@@ -24,15 +24,18 @@ from xlt import pretrained
 from xlt.eval import requests as req
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
-sys.path.insert(0, str(FIXTURES))
-import make_lm_eval_fixtures as make  # noqa: E402  (model_dir: the same directories as the hf run)
+# the fixtures' script (torch is imported only when it runs), for model_dir: the hf run's directories
+_spec = importlib.util.spec_from_file_location("make_lm_eval_fixtures", FIXTURES / "make_lm_eval_fixtures.py")
+make = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make)
+HAVE_LM_EVAL = importlib.util.find_spec("lm_eval") is not None
 
 FAMILIES = make.FAMILIES
 TOL = 1e-4
 
 
 def _hf(family):
-  return json.loads((FIXTURES / "lm_eval" / f"{family}.json").read_text())
+  return json.loads((FIXTURES / "lm_eval_hf" / f"{family}.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -182,16 +185,10 @@ def test_eval_cli_user_errors(tmp_path, capsys):
   assert cli.main([f"--model={tmp_path / 'none'}", "--tasks=x"]) == 2
   assert "no model directory" in capsys.readouterr().err
   assert cli.main(["--tasks=x"]) == 2
-  if importlib_util_find("lm_eval"):
+  if HAVE_LM_EVAL:
     d = make.model_dir("llama", str(tmp_path))
     assert cli.main([f"--model={d}", "--tasks=no_such_task_43"]) == 2
     assert "unknown task" in capsys.readouterr().err
-
-
-def importlib_util_find(name):
-  import importlib.util
-
-  return importlib.util.find_spec(name) is not None
 
 
 def test_lm_eval_registry_knows_xlt():
