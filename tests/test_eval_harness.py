@@ -14,6 +14,7 @@ import json
 import math
 import os
 import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -205,3 +206,32 @@ if os.environ.get("XLT_LM_EVAL_LIVE_HF"):  # the hf side live too (slow: torch):
     pytest.importorskip("transformers")
     record = make.run(make.model_dir("llama", str(tmp_path)), make.TASKS)
     assert _live_scores(record["results"]) == _live_scores(_hf("llama")["results"])
+
+
+def test_lm_eval_command_line_with_model_xlt(tmp_path):
+  """lm-eval's own command line (`python -m xlt.eval.harness` is lm-eval's CLI with "xlt" registered)."""
+  pytest.importorskip("lm_eval")
+  import subprocess
+
+  d = make.model_dir("llama", str(tmp_path))
+  r = subprocess.run([sys.executable, "-m", "xlt.eval.harness", "--model", "xlt", "--model_args",
+                      f"pretrained={d}", "--batch_size", "4", "--tasks", "xlt_words_mc", "--include_path", make.TASKS_DIR,
+                      "--output_path", str(tmp_path / "out")], capture_output=True, text=True, timeout=600,
+                     cwd=pathlib.Path(__file__).resolve().parent.parent)
+  assert r.returncode == 0, r.stderr[-2000:]
+  files = list((tmp_path / "out").rglob("results_*.json"))
+  assert len(files) == 1
+  scores = _live_scores(json.loads(files[0].read_text())["results"])
+  assert scores["xlt_words_mc"] == pytest.approx(_live_scores(_hf("llama")["results"])["xlt_words_mc"], rel=1e-5)
+
+
+def test_backend_imports_no_lm_eval_or_torch():
+  """xlt.decode, xlt.eval.requests, xlt.eval's command line and xlt.generate load without lm-eval."""
+  import subprocess
+
+  code = ("import sys, xlt.decode, xlt.eval.requests, xlt.eval.__main__, xlt.generate; "
+          "bad = sorted(m for m in ('lm_eval', 'torch', 'transformers', 'datasets') if m in sys.modules); "
+          "print(bad); sys.exit(1 if bad else 0)")
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                     cwd=pathlib.Path(__file__).resolve().parent.parent, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert r.returncode == 0, r.stdout + r.stderr
