@@ -235,3 +235,20 @@ def test_backend_imports_no_lm_eval_or_torch():
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                      cwd=pathlib.Path(__file__).resolve().parent.parent, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_mgsm_two_shot_configs_run(tmp_path):
+  """xlt's MGSM configs (direct and native CoT) over files in MGSM's layout: 2-shot, every problem."""
+  pytest.importorskip("lm_eval")
+  from xlt.eval import __main__ as cli
+
+  d = make.model_dir("llama", str(tmp_path))
+  out = tmp_path / "mgsm.json"
+  metadata = json.dumps({"mgsm_dir": str(FIXTURES / "mgsm")})
+  assert cli.main([f"--model={d}", "--tasks=xlt_mgsm_direct_de,xlt_mgsm_native_cot_de", f"--metadata={metadata}",
+                   "--max_gen_toks=8", f"--output={out}"]) == 0
+  results = json.loads(out.read_text())["results"]
+  assert set(results) == {"xlt_mgsm_direct_de", "xlt_mgsm_native_cot_de"}
+  assert all(r["sample_len"] == 3 for r in results.values())
+  assert "exact_match,flexible-extract" in results["xlt_mgsm_direct_de"]
+  assert json.loads(out.read_text())["configs"]["xlt_mgsm_direct_de"]["num_fewshot"] == 2
