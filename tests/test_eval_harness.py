@@ -252,3 +252,24 @@ def test_mgsm_two_shot_configs_run(tmp_path):
   assert all(r["sample_len"] == 3 for r in results.values())
   assert "exact_match,flexible-extract" in results["xlt_mgsm_direct_de"]
   assert json.loads(out.read_text())["configs"]["xlt_mgsm_direct_de"]["num_fewshot"] == 2
+
+
+def test_merge_then_evaluate(tmp_path):
+  """python -m xlt.merge ... --evaluate=<tasks>: the merged model's scores beside it (live), or,
+  without lm-eval, the merged model kept and one error line with exit status 2."""
+  import subprocess
+
+  repo = pathlib.Path(__file__).resolve().parent.parent
+  a, b = make.model_dir("llama", str(tmp_path / "a")), make.model_dir("llama_b", str(tmp_path / "b"))
+  out = tmp_path / "merged"
+  r = subprocess.run([sys.executable, "-m", "xlt.merge", "--config=configs/merge_files.py", "--config.method=soup",
+                      f"--config.inputs.experts={a},{b}", f"--config.output={out}", "--evaluate=xlt_words_mc",
+                      f"--evaluate_args=--include_path={make.TASKS_DIR} --batch=4"],
+                     cwd=repo, capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+  if not HAVE_LM_EVAL:
+    assert r.returncode == 2 and "lm-eval is not installed" in r.stderr and r.stderr.strip().count("\n") == 0
+    return
+  assert r.returncode == 0, r.stderr[-2000:]
+  scores = json.loads((out / "eval.json").read_text())["results"]["xlt_words_mc"]
+  assert 0.0 <= scores["acc,none"] <= 1.0 and scores["sample_len"] == 10
