@@ -22,8 +22,10 @@ cut into rows of `block` + 1 tokens that overlap by one, so every token after th
 predicted once, each row from its own start (no context carried across rows); the padding of
 the last row is not scored. Prints and writes {"nll_sum", "tokens", "ppl_token"}.
 
-From Python: `greedy_ids(cfg, params, prompt_ids, ...)`, `decode(cfg, params, tokenizer,
-prompts, ...)`, `final_number(text)`, `perplexity(cfg, params, tokenizer, text, ...)`.
+From Python: `greedy_ids(cfg, params, prompt_ids, ..., mesh=None)`, `decode(cfg, params,
+tokenizer, prompts, ...)`, `final_number(text)`, `perplexity(cfg, params, tokenizer, text, ...)`;
+the batched scoring and decoding under them: xlt.decode. --mesh (e.g. data=4,tensor=2) lays the
+model out over the devices as training does and splits the prompts over the data axes.
 
 A user error (a missing file, a bad JSON line, named by its number; a prompt longer than the
 model's context) is one line `xlt.generate: error: ...` and exit status 2.
