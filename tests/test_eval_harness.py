@@ -273,3 +273,16 @@ def test_merge_then_evaluate(tmp_path):
   assert r.returncode == 0, r.stderr[-2000:]
   scores = json.loads((out / "eval.json").read_text())["results"]["xlt_words_mc"]
   assert 0.0 <= scores["acc,none"] <= 1.0 and scores["sample_len"] == 10
+
+
+def test_logits_budget_cuts_batches_not_answers(models, monkeypatch):
+  """Scoring batches shrink to keep [rows, length, V] float32 logits under LOGITS_BYTES; the
+  answers stay the same."""
+  m = models["llama"]
+  samples = _hf("llama")["samples"]["xlt_words_mc"]
+  full, _ = _loglikelihoods(m, samples)
+  assert req._rows_for(m, 32) == 4
+  monkeypatch.setattr(req, "LOGITS_BYTES", 32 * m.cfg.vocab_size * 4 * 3)  # 3 rows of 32 tokens
+  assert req._rows_for(m, 32) == 3 and req._rows_for(m, 64) == 1
+  cut, _ = _loglikelihoods(m, samples)
+  assert max(abs(a[0] - b[0]) for a, b in zip(full, cut)) < 1e-5 and [a[1] for a in full] == [b[1] for b in cut]

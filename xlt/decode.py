@@ -170,8 +170,13 @@ class Decoding(NamedTuple):
 def _start(cfg, params, prompts_BxP, valid_BxP, *, max_new):
   b, p = prompts_BxP.shape
   cache = model_lib.init_cache(cfg, b, p + max_new, padded=True)
-  logits_BxPxV, cache = model_lib.apply(cfg, params, prompts_BxP, cache, 0, valid_BxT=valid_BxP)
-  next_B = jnp.argmax(logits_BxPxV[:, -1], axis=-1).astype(jnp.int32)
+  # every row's last prompt token is real (left padding), so the prefill stops one short and
+  # the last token runs as a decoding step: the prefill's logits are unused, so XLA computes
+  # no [B, P, V] logits (a large vocabulary's dominant cost), only the step's [B, 1, V]
+  if p > 1:
+    _, cache = model_lib.apply(cfg, params, prompts_BxP[:, :-1], cache, 0, valid_BxT=valid_BxP[:, :-1])
+  logits_Bx1xV, cache = model_lib.apply(cfg, params, prompts_BxP[:, -1:], cache, jnp.int32(p - 1))
+  next_B = jnp.argmax(logits_Bx1xV[:, 0], axis=-1).astype(jnp.int32)
   new_BxN = jnp.zeros((b, max_new), jnp.int32)
   return Decoding(cache, new_BxN, next_B, jnp.int32(0), ~valid_BxP.any(axis=1))  # empty rows are done
 

@@ -29,6 +29,9 @@ from xlt import model as model_lib
 from xlt import sharding
 
 LENGTH_BUCKET = 32
+# A scoring batch's logits are all computed (every position may be a target); rows are cut to
+# keep them under this per device (a 128k vocabulary: 4 rows of 2048 tokens)
+LOGITS_BYTES = 4 << 30
 
 
 @dataclasses.dataclass
@@ -79,6 +82,15 @@ def _bucket(n: int, limit: int) -> int:
   return min(sharding.round_up(n, LENGTH_BUCKET), limit)
 
 
+def _rows_for(m: Model, length: int) -> int:
+  """Rows of a scoring batch: `m.batch` (a multiple of the mesh's data shards), fewer where
+  their float32 logits [rows, length, V] would pass LOGITS_BYTES per device."""
+  multiple = decode.rows_multiple(m.mesh)
+  devices = 1 if m.mesh is None else m.mesh.size
+  fit = LOGITS_BYTES * devices // (length * m.cfg.vocab_size * 4) // multiple * multiple
+  return max(multiple, min(sharding.round_up(m.batch, multiple), fit))
+
+
 def _batches(order: list[int], batch: int):
   for start in range(0, len(order), batch):
     yield order[start:start + batch]
@@ -93,13 +105,17 @@ def loglikelihood_tokens(m: Model, requests: Sequence[tuple[Sequence[int], Seque
   for i, (ctx, cont) in enumerate(requests):
     if not ctx or not cont:
       raise ValueError(f"request {i}: the context and the continuation need a token each")
+    if len(cont) > m.context:
+      raise ValueError(f"request {i}: a continuation of {len(cont)} tokens is longer than the context {m.context}")
     rows.append((list(ctx) + list(cont))[-(m.context + 1):])
   order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
   out: list = [None] * len(rows)
-  multiple = decode.rows_multiple(m.mesh)
-  batch = sharding.round_up(m.batch, multiple)
-  for idx in _batches(order, batch):
-    length = _bucket(len(rows[idx[0]]), m.context + 1)
+  start = 0
+  while start < len(order):
+    length = _bucket(len(rows[order[start]]), m.context + 1)
+    batch = _rows_for(m, length)
+    idx = order[start:start + batch]
+    start += batch
     tokens, valid = decode.left_pad([rows[i] for i in idx] + [[]] * (batch - len(idx)), length)
     valid[len(idx):, -1] = True  # empty filler rows: one token, so no row is all padding
     logp, greedy = decode.token_logprobs(m.cfg, m.params, tokens, valid, mesh=m.mesh)
