@@ -144,7 +144,7 @@ def write_jsonl(path, rows):
 def fake_model(tiny, monkeypatch):
   """The command with the tiny model in place of xlt.pretrained's."""
   cfg, params, _ = tiny
-  monkeypatch.setattr(generate, "load_model", lambda path, dtype: (cfg, params))
+  monkeypatch.setattr(generate, "load_model", lambda path, dtype, mesh=None: (cfg, params))
   return cfg, params
 
 

@@ -2,7 +2,8 @@
 its tokenizer (xlt.hf_tokenizer):
 
   python -m xlt.generate --model=DIR --prompts=prompts.jsonl --output=out.jsonl \
-      [--chat] [--max_new=256] [--batch=32] [--answers=answers.jsonl] [--dtype=bfloat16]
+      [--chat] [--max_new=256] [--batch=32] [--answers=answers.jsonl] [--dtype=bfloat16] \
+      [--mesh=data=4,tensor=2]
   python -m xlt.generate --model=DIR --perplexity=text.txt [--output=ppl.json] [--block=1024]
 
 Each prompt line is {"prompt": "..."} or {"messages": [{"role": ..., "content": ...}, ...]};
@@ -27,8 +28,10 @@ cut into rows of `block` + 1 tokens that overlap by one, so every token after th
 predicted once, each row from its own start (no context carried across rows); the padding of
 the last row is not scored. Prints and writes {"nll_sum", "tokens", "ppl_token"}.
 
-From Python: `greedy_ids(cfg, params, prompt_ids, ...)`, `decode(cfg, params, tokenizer,
-prompts, ...)`, `final_number(text)`, `perplexity(cfg, params, tokenizer, text, ...)`.
+From Python: `greedy_ids(cfg, params, prompt_ids, ..., mesh=None)`, `decode(cfg, params,
+tokenizer, prompts, ...)`, `final_number(text)`, `perplexity(cfg, params, tokenizer, text, ...)`;
+the batched scoring and decoding under them: xlt.decode. --mesh (e.g. data=4,tensor=2) lays the
+model out over the devices as training does and splits the prompts over the data axes.
 
 A user error (a missing file, a bad JSON line, named by its number; a prompt longer than the
 model's context) is one line `xlt.generate: error: ...` and exit status 2.
@@ -37,26 +40,22 @@ model's context) is one line `xlt.generate: error: ...` and exit status 2.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import re
 import sys
 
-import jax
 import numpy as np
 
-from xlt import distributed
-from xlt import evaluate
+from xlt import decode as decode_lib
 from xlt import hf_tokenizer
 from xlt import lm
 from xlt import sharding
 from xlt.data import sft
 from xlt.merge import fileio
 
-# Padded prompt lengths and prefill lengths are rounded to this, so a run over prompts of many
-# lengths compiles a few programs, not one per length (a shorter prefill is exact: the decoding
-# loop copies the rest of each prompt in, one position per step).
+# Padded prompt lengths are rounded to this, so a run over prompts of many lengths compiles a
+# few programs, not one per length (left padding changes no value: xlt.decode).
 LENGTH_BUCKET = 32
 
 
@@ -80,62 +79,38 @@ def final_number(text) -> str | None:
   return "0" if n in ("-0", "") else n
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "min_prompt", "eos_id"))
-def _greedy(cfg, params, prompts_BxP, prompt_len_B, *, max_new, min_prompt, eos_id):
-  return evaluate.greedy_decode(cfg, params, prompts_BxP, prompt_len_B, max_new=max_new, min_prompt=min_prompt,
-                                eos_id=eos_id)
-
-
-def _cut(ids: list[int], stop_ids) -> list[int]:
-  stops = [k for k, t in enumerate(ids) if t in stop_ids]
-  return ids[:stops[0]] if stops else ids
-
-
-
-def _buckets(cfg, lens: list[int], max_new: int) -> tuple[int, int, int]:
-  """(padded prompt length, new tokens, prefill length) of a batch of prompt lengths `lens`."""
-  longest, shortest = max(lens), min(lens)
-  p, new = sharding.round_up(longest, LENGTH_BUCKET), max_new
-  if p + new > cfg.block_size:  # the bucket's rounding must not cost new tokens
-    p, new = longest, min(max_new, cfg.block_size - longest)
-  # the prefill: a multiple of the bucket, or below it a power of two
-  prefill = shortest // LENGTH_BUCKET * LENGTH_BUCKET if shortest >= LENGTH_BUCKET else 1 << (shortest.bit_length() - 1)
-  return p, new, prefill
-
-
 def greedy_ids(cfg, params, prompt_ids: list[list[int]], *, max_new: int = 256, batch: int = 32,
-               stop_ids=(), on_batch=None) -> list[list[int]]:
+               stop_ids=(), on_batch=None, mesh=None) -> list[list[int]]:
   """Greedy continuations of one model's prompts (token id lists of any lengths): each up to,
   not including, its first id in `stop_ids`, at most `max_new` ids (fewer where the prompt
   leaves less of the model's block_size).
 
-  Prompts are decoded in batches of similar length (xlt.evaluate.greedy_decode: a batch's
-  shorter prompts wait while the longer are prefilled one position per step, which gives the
-  same ids as decoding each alone); a batch stops once each row has written the first stop
-  id. `on_batch(indices, continuations)` is called after each batch with that batch's."""
+  Prompts are decoded in batches of similar length, left-padded (xlt.decode.greedy: each row
+  gets its own positions, so it decodes as it would alone, and the KV cache); a batch stops
+  once each row has written a stop id. With `mesh` (xlt.decode.make_mesh; params laid out on
+  it, e.g. pretrained.load(..., mesh=mesh)) the rows split over its data axes and the model
+  over its tensor axis; without one, rows split over the devices the params are replicated on.
+  `on_batch(indices, continuations)` is called after each batch with that batch's."""
   lens = [len(p) for p in prompt_ids]
   if 0 in lens:
     raise UserError(f"prompt {lens.index(0)} has no tokens")
   if lens and max(lens) >= cfg.block_size:
     raise UserError(f"prompt {lens.index(max(lens))} has {max(lens)} tokens; the model's context is "
                     f"{cfg.block_size}")
-  stop_ids = [int(s) for s in stop_ids]
+  mesh = mesh if mesh is not None else sharding.replicated_mesh(params)
   n = len(prompt_ids)
-  batch = sharding.round_up(max(1, min(batch, n)), sharding.devices_of(params))
+  batch = sharding.round_up(max(1, min(batch, n)), decode_lib.rows_multiple(mesh))
   order = sorted(range(n), key=lambda i: lens[i])
   out: list = [None] * n
   for start in range(0, n, batch):
     rows = order[start:start + batch]
-    p, new, min_prompt = _buckets(cfg, [lens[i] for i in rows], max_new)
-    prompts, plen = np.zeros((batch, p), np.int32), np.zeros((batch,), np.int32)
-    for r in range(batch):  # the last batch repeats its rows: one shape, one program
-      i = rows[r % len(rows)]
-      prompts[r, :lens[i]], plen[r] = prompt_ids[i], lens[i]
-    toks = _greedy(cfg, params, sharding.spread(prompts, params, 0), sharding.spread(plen, params, 0),
-                   max_new=int(new), min_prompt=int(min_prompt), eos_id=stop_ids[0] if stop_ids else None)
-    toks = np.asarray(distributed.to_host(toks))  # with several processes, rows live on all of them
+    longest = lens[rows[-1]]
+    # one padded length per bucket, so a run over many lengths compiles a few programs
+    new = min(max_new, cfg.block_size - longest)
+    result = decode_lib.greedy(cfg, params, [prompt_ids[i] for i in rows], max_new=new, stop_ids=stop_ids,
+                               mesh=mesh, length=sharding.round_up(longest, LENGTH_BUCKET), batch=batch)
     for r, i in enumerate(rows):
-      out[i] = _cut(toks[r, lens[i]:lens[i] + new].tolist(), stop_ids)
+      out[i] = result.ids[r]
     if on_batch is not None:
       on_batch(rows, [out[i] for i in rows])
   return out
@@ -155,7 +130,7 @@ def encode_prompts(tokenizer, prompts, chat: bool = False) -> list[list[int]]:
 
 
 def decode(cfg, params, tokenizer, prompts, *, chat: bool = False, max_new: int = 256, batch: int = 32,
-           on_batch=None) -> list[dict]:
+           on_batch=None, mesh=None) -> list[dict]:
   """[{"continuation": text, "ids": [...]}] per prompt (strings or message lists: `encode_prompts`),
   greedy, stopped at the tokenizer's stop ids. `on_batch(indices, records)` after each batch."""
   def records(ids):
@@ -163,7 +138,7 @@ def decode(cfg, params, tokenizer, prompts, *, chat: bool = False, max_new: int 
 
   hook = None if on_batch is None else (lambda rows, ids: on_batch(rows, records(ids)))
   return records(greedy_ids(cfg, params, encode_prompts(tokenizer, prompts, chat), max_new=max_new, batch=batch,
-                            stop_ids=tokenizer.stop_ids, on_batch=hook))
+                            stop_ids=tokenizer.stop_ids, on_batch=hook, mesh=mesh))
 
 
 def packed_rows(ids, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -212,6 +187,7 @@ def _parser() -> argparse.ArgumentParser:
                       "(MGSM), or the task's own scorer")
   p.add_argument("--block", type=int, default=None, help="perplexity: targets per row (default: the context)")
   p.add_argument("--dtype", default=None, help="the parameters' dtype (xlt.pretrained.load)")
+  p.add_argument("--mesh", default=None, help="devices as data=4,tensor=2 (xlt.decode.make_mesh; default one)")
   p.add_argument("--traceback", action="store_true", help="on an error, the full trace instead of one line")
   return p
 
@@ -303,7 +279,7 @@ def read_answers(path: str, n: int) -> list:
   return [r["answer"] for _, r in lines]
 
 
-def run_prompts(args, cfg, params, tokenizer, records, prompts, answers) -> dict | None:
+def run_prompts(args, cfg, params, tokenizer, records, prompts, answers, mesh=None) -> dict | None:
   done: dict[int, dict] = {}
 
   def write(rows, results):  # every finished record so far, in prompt order, atomically
@@ -311,7 +287,7 @@ def run_prompts(args, cfg, params, tokenizer, records, prompts, answers) -> dict
     fileio.write_text(args.output, "".join(json.dumps(done[i], ensure_ascii=False) + "\n" for i in sorted(done)))
 
   results = decode(cfg, params, tokenizer, prompts, chat=args.chat, max_new=args.max_new, batch=args.batch,
-                   on_batch=write)
+                   on_batch=write, mesh=mesh)
   out = [{**r, **res} for r, res in zip(records, results)]
   summary = None
   if answers is not None:
@@ -324,12 +300,12 @@ def run_prompts(args, cfg, params, tokenizer, records, prompts, answers) -> dict
   return summary
 
 
-def load_model(path: str, dtype: str | None):
+def load_model(path: str, dtype: str | None, mesh=None):
   """(cfg, params) of a Hugging Face model directory (xlt.pretrained; imported here, so the
-  inputs are checked before the model loader and its dependencies load)."""
+  inputs are checked before the model loader and its dependencies load), laid out on `mesh`."""
   from xlt import pretrained
 
-  return pretrained.load(path, dtype=dtype)
+  return pretrained.load(path, dtype=dtype, mesh=mesh)
 
 
 def run(argv: list[str]) -> dict | None:
@@ -351,10 +327,11 @@ def run(argv: list[str]) -> dict | None:
     if answers is not None and args.match == "task":
       for r in records:  # each prompt names a task that xlt can score
         match("", None, "task", r)
+  mesh = decode_lib.make_mesh(args.mesh)
   tokenizer = hf_tokenizer.load(args.model)
-  cfg, params = load_model(args.model, args.dtype)
+  cfg, params = load_model(args.model, args.dtype, mesh)
   if args.prompts is not None:
-    return run_prompts(args, cfg, params, tokenizer, records, prompts, answers)
+    return run_prompts(args, cfg, params, tokenizer, records, prompts, answers, mesh)
   with open(args.perplexity, encoding="utf-8") as f:
     result = perplexity(cfg, params, tokenizer, f.read(), block=args.block, batch=args.batch)
   print(f"perplexity {result['ppl_token']:.4f} per token over {int(result['tokens'])} tokens")

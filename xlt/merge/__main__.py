@@ -6,6 +6,8 @@ r"""Merges checkpoint files with any method of the registry (xlt/merge/registry.
   python -m xlt.merge --list_methods     # every method: its inputs, options and paper
   python -m xlt.merge --mergekit_yaml=merge.yml --config.output=out   # a mergekit config
   python -m xlt.merge --config=merge.yml --config.output=out          # the same
+  python -m xlt.merge ... --evaluate=xlt_mgsm_direct_de,xlt_mgsm_direct_sw \
+    [--evaluate_args="--limit=50 --metadata={\"mgsm_dir\": \"/data/mgsm\"}"]   # then score it
 
 `inputs` and `options` take any name on the command line; the registry checks them
 against the method. A list input is comma-separated (or a Python list); option values
@@ -20,11 +22,17 @@ A user error (method, inputs, options, files: a truncated file, a tensor missing
 input, shapes or dtypes that differ, an architecture a layer-aware method does not know) is one
 line `xlt.merge: error: ...` on stderr and exit status 2, the output directory untouched;
 --traceback shows the full trace instead.
+--evaluate scores the merged directory on lm-eval tasks with `python -m xlt.eval` (xlt's backend,
+docs/evaluate.md; lm-eval must be installed) in a child process, so the merge library loads no
+model code, and writes the scores beside the model (out/eval.json); --evaluate_args are more
+flags of that command. A failed evaluation leaves the merged model and exits with status 2.
 """
 
 import importlib.util
 import json
 import os
+import shlex
+import subprocess
 import sys
 
 from absl import app, flags
@@ -43,6 +51,9 @@ _LIST = flags.DEFINE_bool("list_methods", False, "print every merge method (inpu
 _YAML = flags.DEFINE_string("mergekit_yaml", None, "a mergekit config (merge.yml) to run; --config.<field> "
                             "flags beside it override what it sets")
 _TRACEBACK = flags.DEFINE_bool("traceback", False, "on an error, show the full trace instead of one line")
+_EVALUATE = flags.DEFINE_string("evaluate", None, "lm-eval tasks (comma-separated) to score the merged model on, "
+                                "written to <output>/eval.json")
+_EVALUATE_ARGS = flags.DEFINE_string("evaluate_args", "", "more flags of python -m xlt.eval (e.g. --limit=50)")
 FIELDS = ("method", "inputs", "options", "naming", "heatmaps", "output", "config_from", "max_shard_size", "dtype",
           "vocab")
 
@@ -134,6 +145,24 @@ def main(argv):
       raise
     return _fail(e)
   print(json.dumps(summary, indent=1))
+  if _EVALUATE.value:
+    return evaluate(summary["output"], _EVALUATE.value, _EVALUATE_ARGS.value)
+  return 0
+
+
+def evaluate(model_dir: str, tasks: str, extra: str = "") -> int:
+  """`python -m xlt.eval` on the merged directory in a child process (its error line passed on)."""
+  out = os.path.join(model_dir, "eval.json")
+  try:
+    args = shlex.split(extra)
+  except ValueError as e:
+    return _fail(f"--evaluate_args: {e}")
+  child = subprocess.run([sys.executable, "-m", "xlt.eval", f"--model={model_dir}", f"--tasks={tasks}",
+                          f"--output={out}", *args], stderr=subprocess.PIPE, text=True)
+  if child.returncode:
+    lines = [x for x in child.stderr.splitlines() if x.strip()]
+    return _fail(f"the merged model is in {model_dir}; evaluating it failed: {lines[-1] if lines else child.returncode}")
+  print(f"scores in {out}")
   return 0
 
 

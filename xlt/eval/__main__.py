@@ -1,0 +1,110 @@
+"""Scores a Hugging Face model directory on lm-evaluation-harness tasks, in-process:
+
+  python -m xlt.eval --model=DIR --tasks=mgsm_2shot_de,mgsm_2shot_sw [--output=scores.json]
+      [--num_fewshot=N] [--limit=N] [--batch=16] [--mesh=data=4,tensor=2] [--dtype=bfloat16]
+      [--include_path=DIR] [--apply_chat_template] [--max_gen_toks=N] [--metadata=JSON]
+
+Task configs come from lm-eval, xlt's own (xlt/eval/tasks: MGSM over the user's files, see
+docs/evaluate.md) and --include_path. Prints lm-eval's table and writes {"results": ...,
+"configs": ...} to --output (atomically). Needs lm-eval (`pip install 'xlt[eval]'`); a user
+error (a missing model directory, an unknown task, no lm-eval) is one line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from xlt.merge import fileio
+
+TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
+
+
+class UserError(ValueError):
+  """A bad command line or input: one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):
+    raise UserError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = _Parser(prog="python -m xlt.eval", description=__doc__.split("\n\n")[0])
+  p.add_argument("--model", required=True, help="a Hugging Face model directory")
+  p.add_argument("--tasks", required=True, help="comma-separated lm-eval task (or group) names")
+  p.add_argument("--output", help="the scores written as JSON")
+  p.add_argument("--num_fewshot", type=int, default=None)
+  p.add_argument("--limit", type=float, default=None, help="documents per task (a fraction if < 1)")
+  p.add_argument("--batch", type=int, default=16, help="requests per batch")
+  p.add_argument("--mesh", default=None, help="e.g. data=4,tensor=2 (default: one device)")
+  p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+  p.add_argument("--include_path", default=None, help="a folder of more task configs")
+  p.add_argument("--apply_chat_template", action="store_true", help="prompts through the model's chat template")
+  p.add_argument("--max_gen_toks", type=int, default=256, help="new tokens at most, where a task sets none")
+  p.add_argument("--metadata", default=None, help="JSON passed to the task configs (e.g. {\"mgsm_dir\": ...})")
+  p.add_argument("--traceback", action="store_true", help="on an error, the full trace instead of one line")
+  return p
+
+
+def evaluate(model_dir: str, tasks: list[str], *, batch: int = 16, mesh: str | None = None, dtype: str | None = None,
+             num_fewshot: int | None = None, limit: float | None = None, include_path: str | None = None,
+             apply_chat_template: bool = False, max_gen_toks: int = 256, metadata: dict | None = None) -> dict:
+  """lm-eval's results dict ({"results": {task: {metric: value}}, ...}) of `tasks` on the model
+  directory `model_dir`, run by xlt's backend."""
+  try:
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+  except ImportError:
+    raise UserError("lm-eval is not installed (pip install 'xlt[eval]')") from None
+  from xlt.eval import harness
+
+  paths = [TASKS_DIR] + ([include_path] if include_path else [])
+  manager = TaskManager(include_path=paths, metadata=metadata)
+  unknown = [t for t in tasks if t not in manager.all_tasks]
+  if unknown:
+    raise UserError(f"unknown task {unknown[0]!r} (lm-eval's, xlt/eval/tasks' and --include_path's are known)")
+  lm = harness.XltLM(pretrained=model_dir, dtype=dtype, batch_size=batch, mesh=mesh, max_gen_toks=max_gen_toks)
+  return lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit, task_manager=manager,
+                                 apply_chat_template=apply_chat_template, log_samples=False)
+
+
+def run(argv: list[str]) -> dict:
+  args = _parser().parse_args(argv)
+  if not os.path.isdir(args.model):
+    raise UserError(f"no model directory {args.model}")
+  if args.batch < 1 or args.max_gen_toks < 1:
+    raise UserError(f"--batch and --max_gen_toks must be positive, got {args.batch}, {args.max_gen_toks}")
+  try:
+    metadata = json.loads(args.metadata) if args.metadata else None
+  except json.JSONDecodeError as e:
+    raise UserError(f"--metadata is not JSON: {e.msg}") from None
+  tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+  out = evaluate(args.model, tasks, batch=args.batch, mesh=args.mesh, dtype=args.dtype, num_fewshot=args.num_fewshot,
+                 limit=args.limit, include_path=args.include_path, apply_chat_template=args.apply_chat_template,
+                 max_gen_toks=args.max_gen_toks, metadata=metadata)
+  from lm_eval.utils import make_table
+
+  print(make_table(out))
+  record = {"model": args.model, "results": out["results"], "configs": out.get("configs", {})}
+  if args.output:
+    fileio.write_text(args.output, json.dumps(record, indent=1, default=str) + "\n")
+  return record
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  try:
+    run(argv)
+  except (ValueError, OSError) as e:  # UserError, TokenizerError, a model the loader refuses
+    if "--traceback" in argv:
+      raise
+    print(f"xlt.eval: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
