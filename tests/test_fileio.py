@@ -1,10 +1,10 @@
-"""xlt.merge.fileio: a write is all or nothing."""
+"""xlt.io.fileio: a write is all or nothing."""
 
 import os
 
 import pytest
 
-from xlt.merge import fileio
+from xlt.io import fileio
 
 
 def test_write_replaces_whole_file_and_leaves_no_temporary(tmp_path):

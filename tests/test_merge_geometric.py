@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from xlt.merge import geometric, hf, registry, selective
+from xlt.io import hf_dir
+from xlt.merge import geometric, registry, selective
 from xlt.paths import HF, XLT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,7 +58,7 @@ def fixture_script():
 
 
 def model(name: str) -> dict:
-  return hf.read_model_dir(MODEL_DIRS[name])[1]  # lazy tensors, as the command merges them
+  return hf_dir.read_model_dir(MODEL_DIRS[name])[1]  # lazy tensors, as the command merges them
 
 
 def xlt_merge(case: str) -> dict:

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from xlt import evaluate, lm, model, pretrained, sharding
-from xlt.merge import files
-from xlt.merge import hf as hf_dir
+from xlt.io import hf_dir, tensor_files
 
 HF = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
 FAMILIES = ["llama", "llama_b", "qwen2", "gpt2", "llama_kv1", "llama_kv4", "mistral", "qwen3", "gemma", "gemma2"]
@@ -145,7 +144,7 @@ def test_errors_are_one_line(tmp_path):
     pretrained.load(llama, dtype="int8")
   f64 = _copy(llama, str(tmp_path / "f64"))
   tensors = _tensors(llama)
-  files.save(tensors | {"model.norm.weight": tensors["model.norm.weight"].astype(np.float64)},
+  tensor_files.save(tensors | {"model.norm.weight": tensors["model.norm.weight"].astype(np.float64)},
              os.path.join(f64, "model.safetensors"), {"format": "pt"})
   with pytest.raises(ValueError, match="tensor model.norm.weight has dtype float64"):
     pretrained.load(f64)

@@ -46,7 +46,7 @@ from xlt import hf_tokenizer
 from xlt import lm
 from xlt import sharding
 from xlt.data import sft
-from xlt.merge import fileio
+from xlt.io import fileio
 
 # Padded prompt lengths and prefill lengths are rounded to this, so a run over prompts of many
 # lengths compiles a few programs, not one per length (a shorter prefill is exact: the decoding

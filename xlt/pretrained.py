@@ -32,7 +32,7 @@ import numpy as np
 from xlt import model
 from xlt import paths
 from xlt import sharding
-from xlt.merge import hf as hf_dir
+from xlt.io import hf_dir
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gpt2")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -370,7 +370,7 @@ def load(path: str, *, mesh=None, rules=None, dtype: str | None = None):
       if tuple(a.shape) != want:
         raise ValueError(f"tensor {n}: expected shape {list(want)} (for xlt's {paths.path_str(leaf)} "
                          f"{list(shapes[leaf])}), found {list(a.shape)}")
-    # each tensor read into an aligned buffer (files.LazyTensor), which device_put on a CPU
+    # each tensor read into an aligned buffer (tensor_files.LazyTensor), which device_put on a CPU
     # takes without a copy; the placer's output is the leaf's only other copy
     where = flat_shardings[leaf] if mesh is not None else None
     if m.stack is None and not (m.layout == "linear" and m.num_in) and arrays[0].dtype == cfg.param_dtype:
@@ -414,7 +414,7 @@ def hf_tensors(cfg: model.Config, params, family: str) -> dict:
 def save(cfg: model.Config, params, out_dir: str, *, hf_config: dict | None = None, source_dir: str | None = None,
          max_shard_bytes: int | str = hf_dir.DEFAULT_MAX_SHARD_BYTES, dtype: str | None = None,
          card: dict | None = None) -> dict:
-  """Writes xlt params as a Hugging Face model directory (xlt.merge.hf.write_model_dir: the
+  """Writes xlt params as a Hugging Face model directory (xlt.io.hf_dir.write_model_dir: the
   weights in format pt, one file or shards + index, config.json, a card); returns its summary.
 
   hf_config / source_dir: the config.json to start from (token ids, ...): the given dict, else

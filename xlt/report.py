@@ -54,7 +54,7 @@ class UserError(Exception):
 
 
 def _write_text(path: str, text: str):
-  from xlt.merge import fileio  # only when writing: --check needs no numpy or jax
+  from xlt.io import fileio  # only when writing: --check needs no numpy or jax
 
   fileio.write_text(path, text)
 

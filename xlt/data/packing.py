@@ -50,7 +50,7 @@ import grain
 import numpy as np
 import sentencepiece as spm
 
-from xlt.merge import fileio
+from xlt.io import fileio
 from xlt.data import corpus
 from xlt.data import text
 

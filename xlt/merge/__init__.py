@@ -5,8 +5,8 @@ paper's analysis of where fine-tuning changed a model.
 
 Depends on numpy, jax.tree_util and the standard library only (matplotlib inside the
 plot function, safetensors when a file's tensor is read; `python -m xlt.merge` adds absl
-and ml_collections for its config), never on the rest of xlt, so it merges any checkpoint
-that loads as a pytree. Paths are read through a `Naming` (`XLT` for xlt.model's GPT, `HF` for Hugging
+and ml_collections for its config), never on the rest of xlt but the path vocabulary and
+the I/O floor (xlt.io), so it merges any checkpoint that loads as a pytree. Paths are read through a `Naming` (`XLT` for xlt.model's GPT, `HF` for Hugging
 Face names, `from_rule(path -> (block, kind))` for any other); every merge takes `naming=`.
 
   registry.py every method by name: its inputs (roles), options, paper; `merge`, `describe`
@@ -17,12 +17,10 @@ Face names, `from_rule(path -> (block, kind))` for any other); every merge takes
   geometric.py SLERP, NuSLERP, multi-SLERP, Karcher mean, model stock, nearswap
   selective.py Arcee fusion, RAM
   maet.py     MAET (ability extraction and transfer)
-  files.py    safetensors checkpoints read / written one tensor at a time
-  hf.py       Hugging Face model directories (config, tokenizer, shards, index, card)
   tool.py     merges of checkpoint files into a model directory (`python -m xlt.merge`)
   analysis.py per-block share of changed rows, heatmap
-  fileio.py   atomic file writes
-(xlt/paths.py: paths -> (block, kind) and the rows (neurons) of each tensor: XLT, HF, from_rule.)
+(xlt/paths.py: paths -> (block, kind) and the rows (neurons) of each tensor: XLT, HF, from_rule;
+xlt/io/: the files a merge reads and writes: safetensors, Hugging Face model directories.)
 
 Any method by name: `merge.merge("ties", {"base": b, "experts": [t, l]}, {"density": 0.2})`;
 `print(merge.describe())` lists them all; `python -m xlt.merge` runs them on files.
@@ -32,7 +30,7 @@ from xlt.merge.analysis import default_threshold, plot_row_change, row_change
 from xlt.merge.combine import dare, magnitude_weights, soup, sparsify_rows, task_arithmetic, ties
 from xlt.merge.core import check_compatible, delta, mean_abs_rows
 from xlt.merge.maet import maet
-from xlt.merge.files import load, save
+from xlt.io.tensor_files import load, save
 from xlt.merge.tool import merge_files
 from xlt.merge import registry
 from xlt.merge.registry import METHODS, Method, describe, merge

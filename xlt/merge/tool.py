@@ -1,7 +1,7 @@
 """Merging checkpoint files into a model directory: what `python -m xlt.merge` runs.
 
-Inputs are read lazily (xlt.merge.files), merged by a registry method tensor by tensor, and
-written by xlt.merge.hf as a Hugging Face model directory: when an input is a Hugging Face
+Inputs are read lazily (xlt.io.tensor_files), merged by a registry method tensor by tensor, and
+written by xlt.io.hf_dir as a Hugging Face model directory: when an input is a Hugging Face
 model directory (config.json beside its safetensors), its config and tokenizer files come
 along, so transformers loads the merge as it loads the input; otherwise (xlt's own
 checkpoints, bare .safetensors files) the directory holds the weights and the model card.
@@ -17,8 +17,9 @@ import os
 import numpy as np
 
 from xlt import paths as naming_lib
-from xlt.merge import analysis, hf, registry
-from xlt.merge.files import load
+from xlt.io import hf_dir
+from xlt.io.tensor_files import load
+from xlt.merge import analysis, registry
 
 
 def source_model(inputs: dict, roles: list[str], config_from: str | None = None) -> str | None:
@@ -30,23 +31,23 @@ def source_model(inputs: dict, roles: list[str], config_from: str | None = None)
       raise ValueError(f"config_from={config_from!r} is not one of the inputs {sorted(inputs)}")
     path = inputs[config_from]
     path = path[0] if isinstance(path, (list, tuple)) else path
-    if not os.path.isfile(os.path.join(path, hf.CONFIG)):
-      raise ValueError(f"config_from={config_from!r}: {path} has no {hf.CONFIG}")
+    if not os.path.isfile(os.path.join(path, hf_dir.CONFIG)):
+      raise ValueError(f"config_from={config_from!r}: {path} has no {hf_dir.CONFIG}")
     return path
   for role in ["base"] + roles:
     paths = inputs.get(role, [])
     for path in paths if isinstance(paths, (list, tuple)) else [paths]:
-      if os.path.isfile(os.path.join(path, hf.CONFIG)):
+      if os.path.isfile(os.path.join(path, hf_dir.CONFIG)):
         return path
   return None
 
 
 def merge_files(inputs: dict, method: str, output: str, options: dict | None = None, *,
                 naming: str | naming_lib.Naming = "auto", heatmaps: bool = True, config_from: str | None = None,
-                max_shard_bytes: int | str = hf.DEFAULT_MAX_SHARD_BYTES, dtype: str | None = None,
+                max_shard_bytes: int | str = hf_dir.DEFAULT_MAX_SHARD_BYTES, dtype: str | None = None,
                 vocab: str | None = None) -> dict:
   """Merges checkpoint files with one of the registry's methods and writes `output` as a model
-  directory (xlt.merge.hf: model.safetensors or shards with their index, config.json and
+  directory (xlt.io.hf_dir: model.safetensors or shards with their index, config.json and
   tokenizer files from `source_model`, README.md naming inputs, method and options), plus
   delta_<role>.png heatmaps of where each fine-tune changed the base when a base is among the
   inputs; returns a summary dict.
@@ -57,7 +58,7 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
   options: the method's options (layer_swap: bottom, top, ...); not those that take trees.
   naming: "auto", "hf", "xlt", a block prefix pattern ("gpt_neox.layers.{i}.") or a Naming;
     only methods that read blocks or rows need one (`registry.naming_for_method`).
-  max_shard_bytes, dtype: as `hf.write_model_dir` takes them.
+  max_shard_bytes, dtype: as `hf_dir.write_model_dir` takes them.
   vocab: what to do when the inputs' vocabularies differ (more rows in the embedding and
     head tensors of one input, e.g. a language expert with an extended tokenizer); see
     `fit_vocab`: None (an error naming the tensor), "base" or "union".
@@ -82,14 +83,14 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
     trees = _refit(inputs, trees, dict(zip((p for p, _ in labelled), fitted)))
     labelled = _labelled(inputs, trees, ["base"] + roles)
     if vocab == "union" and not config_from and rows is not None:
-      source = next((p for p in largest if os.path.isfile(os.path.join(p, hf.CONFIG))), source)
+      source = next((p for p in largest if os.path.isfile(os.path.join(p, hf_dir.CONFIG))), source)
     config = _with_vocab_size(source, rows)
   check_inputs(labelled, nm)
   merged = registry.merge(method, {r: trees[r] for r in roles}, options, naming=nm)
   card = {"title": f"{method} merge", "method": method, "inputs": inputs, "options": options}
   if vocab:
     card["vocab"] = vocab
-  written = hf.write_model_dir(merged, output, source_dir=source, config=config, card=card,
+  written = hf_dir.write_model_dir(merged, output, source_dir=source, config=config, card=card,
                                max_shard_bytes=max_shard_bytes, dtype=dtype,
                                metadata={"merge_method": method, "options": json.dumps(options, sort_keys=True)},
                                weights_only=source is None)
@@ -154,7 +155,7 @@ def _vocab_kind(name: str, nm: naming_lib.Naming | None) -> bool:
 
 def _vocab_size(path: str) -> int | None:
   try:
-    with open(os.path.join(path, hf.CONFIG)) as f:
+    with open(os.path.join(path, hf_dir.CONFIG)) as f:
       cfg = json.load(f)
   except (OSError, ValueError):
     return None
@@ -239,7 +240,7 @@ def _with_vocab_size(source: str | None, rows: int | None) -> dict | None:
   (take the config as it is) otherwise."""
   if source is None or rows is None or _vocab_size(source) in (None, rows):
     return None
-  with open(os.path.join(source, hf.CONFIG)) as f:
+  with open(os.path.join(source, hf_dir.CONFIG)) as f:
     cfg = json.load(f)
   (cfg if "vocab_size" in cfg else cfg["text_config"])["vocab_size"] = rows
   return cfg
