@@ -2,7 +2,7 @@
 each tool's command, each in its own subprocess, for task_arithmetic, ties and a layer swap
 (mergekit: passthrough slices A [0, b), B [b, L-u), A [L-u, L)).
 
-  /tmp/peervenv/bin/python benchmarks/merge_vs_mergekit.py --out=runs/merge_vs_mergekit.json
+  ../peervenv/bin/python benchmarks/merge_vs_mergekit.py --out=runs/merge_vs_mergekit.json
 
 Runs where both tools are installed (a virtual environment with mergekit and xlt). It writes
 three Llama-shaped float32 checkpoints (a base and two fine-tunes: the base plus seeded noise;
@@ -25,6 +25,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -157,7 +158,8 @@ def table(results: list[dict], size_mib: float) -> str:
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--work", default="/tmp/xlt_merge_bench", help="where the checkpoints and outputs go")
+  ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "xlt_merge_bench"),
+                  help="where the checkpoints and outputs go")
   ap.add_argument("--out", help="the JSON file of every measurement (required)")
   ap.add_argument("--rounds", type=int, default=2)
   ap.add_argument("--methods", default=",".join(METHODS))

@@ -89,3 +89,9 @@ def test_window_rules_follow_transformers():
   typed = pretrained.config_from_hf(base | {"model_type": "qwen3", "architectures": [], "use_sliding_window": True,
                                             "layer_types": ["full_attention", "sliding_attention"] * 2})
   assert typed.sliding_layers == (1, 3) and np.all([typed.window(i) for i in (1, 3)])
+
+
+def test_docs_table_lists_every_family_in_detection_order():
+  with open(os.path.join(os.path.dirname(__file__), "..", "docs", "families.md")) as f:
+    rows = [line.split("|")[1:3] for line in f if line.startswith("| ") and not line.startswith("| model_type")]
+  assert [(n.strip(), a.strip()) for n, a in rows] == [(f.name, f.architecture) for f in families.FAMILIES]

@@ -17,6 +17,7 @@ import importlib
 import inspect
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -196,3 +197,52 @@ def test_io_loads_without_merge_or_training_code():
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert out.returncode == 0, out.stdout + out.stderr
+
+
+# Roots of paths that exist on one machine only (a home, a mount, a scratch or temporary
+# directory): the repository must work wherever it is cloned, so it names none of them.
+MACHINE_PATH = re.compile(r"(?<![\w.~$/:-])/(?:work|home|Users|opt|tmp|mnt|root|scratch|data|private|srv)/")
+# What may name one, and why: results/ records each run's command and directories as they were
+# (rewriting them would change a recorded result), docs/results.md is rendered from results/,
+# and test_launch gives the launch scripts an absolute workdir to pass through unchanged.
+MACHINE_PATH_ALLOWED = {"tests/test_launch.py": "/" + "mnt/shared/graph"}
+MACHINE_PATH_RECORDS = ("results/", "docs/results.md")
+
+
+def _repository_text_files() -> list[str]:
+  """Every file git knows or would add (tracked, or untracked and not ignored), relative."""
+  out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard"],
+                       capture_output=True, text=True)
+  if out.returncode:
+    pytest.skip("not a git checkout: " + out.stderr.strip())
+  return sorted({f for f in out.stdout.splitlines() if (ROOT / f).is_file()})
+
+
+def _machine_paths(files: list[str], root: pathlib.Path = ROOT) -> list[str]:
+  found = []
+  for f in files:
+    if f.startswith(MACHINE_PATH_RECORDS):
+      continue
+    try:
+      text = (root / f).read_text(encoding="utf-8")
+    except UnicodeDecodeError:  # binary: weights, arrays, images
+      continue
+    for n, line in enumerate(text.splitlines(), 1):
+      if f in MACHINE_PATH_ALLOWED:
+        line = line.replace(MACHINE_PATH_ALLOWED[f], "")
+      if m := MACHINE_PATH.search(line):
+        found.append(f"{f}:{n}: {line.strip()[:100]} ({m.group(0)!r})")
+  return found
+
+
+def test_no_absolute_or_machine_specific_path():
+  found = _machine_paths(_repository_text_files())
+  assert not found, "paths of one machine (use a relative path, or tempfile.gettempdir()):\n" + "\n".join(found)
+
+
+def test_machine_path_check_finds_one(tmp_path):
+  (tmp_path / "a.md").write_text("run ~/venv/bin/python x.py --out=runs/x https://host/tmp/x\n")
+  (tmp_path / "b.py").write_text('"""see ' + "/wo" + 'rk/shared/notes.md"""\n')
+  (tmp_path / "c.md").write_text("python -m xlt.main --workdir=" + "/tm" + "p/graph\n")
+  found = _machine_paths(["a.md", "b.py", "c.md"], tmp_path)
+  assert [f.split(":")[0] for f in found] == ["b.py", "c.md"]

@@ -1,6 +1,6 @@
 """Runs an experiment from a config file.
 
-  python -m xlt.main --config=configs/graph.py --workdir=/tmp/graph \
+  python -m xlt.main --config=configs/graph.py --workdir=runs/graph \
       [--config.mixture.target_samples=512 ...]
 
 XLA:CPU spends much of a small model's step in malloc, so the process first re-executes

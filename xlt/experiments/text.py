@@ -103,8 +103,8 @@ def corpus_specs(c) -> dict[str, corpus.CorpusSpec]:
       if not shared:
         raise ValueError(
             f"config.data.{role}.path is not set: point it at the {role}-resource corpus, e.g. "
-            f"--config.data.high.path=/data/tinystories_en.txt "
-            f"--config.data.low.path=/data/tinystories_cs.txt")
+            f"--config.data.high.path=data/tinystories_en.txt "
+            f"--config.data.low.path=data/tinystories_cs.txt")
       proxy = corpus.proxy_corpora(_resolve_shared_dir(shared))
       fields["path"] = proxy[f"{role}_resource"].path
     spec = corpus.CorpusSpec(**fields)
