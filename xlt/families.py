@@ -148,6 +148,24 @@ def _gpt2_config(hf: dict, dtype: str, tied: bool) -> model.Config:
                       dtype=dtype, param_dtype=dtype, ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)))
 
 
+def _starcoder2_config(hf: dict, dtype: str, tied: bool) -> model.Config:
+  """StarCoder2: GPT-2's block (LayerNorm with bias, fc -> GELU -> proj) with RoPE, grouped
+  key/value heads and Mistral's window; `use_bias` switches every dense bias."""
+  act = hf.get("hidden_act", "gelu_pytorch_tanh")
+  if act not in _TANH_GELU:
+    raise ValueError(f"starcoder2 hidden activation {act!r} is not supported: xlt knows tanh-GELU")
+  heads, d, layers = hf["num_attention_heads"], hf["hidden_size"], hf["num_hidden_layers"]
+  theta, scaling = rope(hf)
+  sliding_window, local = _every_layer_window(hf, layers)
+  return model.Config(
+      vocab_size=hf["vocab_size"], block_size=hf.get("max_position_embeddings", 4096), num_layers=layers,
+      num_heads=heads, d_model=d, mlp_dim=hf["intermediate_size"], num_kv_heads=hf.get("num_key_value_heads") or heads,
+      head_dim=hf.get("head_dim") or d // heads, tie_embeddings=tied, dtype=dtype, param_dtype=dtype,
+      ln_eps=float(hf.get("norm_epsilon", 1e-5)), pos_embedding="rope", rope_base=theta, rope_scaling=scaling,
+      norm="layernorm", mlp="gelu", bias=bool(hf.get("use_bias", True)), sliding_window=sliding_window,
+      sliding_layers=local)
+
+
 # ---- model.Config -> config.json
 
 
@@ -192,6 +210,11 @@ def _gemma2_to_hf(cfg):
                     final_logit_softcapping=cfg.final_logit_softcap) | _layer_types(cfg)
 
 
+def _starcoder2_to_hf(cfg):
+  out = {k: v for k, v in _decoder_to_hf(cfg).items() if k != "rms_norm_eps"}
+  return out | dict(norm_epsilon=cfg.ln_eps, use_bias=cfg.bias, sliding_window=cfg.sliding_window or None)
+
+
 def _gpt2_to_hf(cfg):
   return dict(n_embd=cfg.d_model, n_head=cfg.num_heads, n_layer=cfg.num_layers, n_positions=cfg.block_size,
               n_inner=cfg.mlp_width, layer_norm_epsilon=cfg.ln_eps, activation_function="gelu_new",
@@ -227,6 +250,18 @@ def _decoder_table(cfg: model.Config, norms: dict = _NORMS) -> dict:
   return t
 
 
+def _starcoder2_table(cfg: model.Config) -> dict:
+  """Llama's attention names; LayerNorms with biases; GPT-2's MLP as Linear layers c_fc, c_proj."""
+  t = _decoder_table(cfg) | {("ln_f", "bias"): Map(("model.norm.bias",))}
+  for i in range(cfg.num_layers):
+    b, p = f"block_{i}", f"model.layers.{i}."
+    t |= {(b, ln, "bias"): Map((f"{p}{hf}.bias",)) for ln, hf in _NORMS.items()}
+    for x, hf in (("fc", "c_fc"), ("proj", "c_proj")):
+      t[(b, "mlp", x, "kernel")] = Map((f"{p}mlp.{hf}.weight",), "linear")
+      t[(b, "mlp", x, "bias")] = Map((f"{p}mlp.{hf}.bias",), num_in=0)
+  return t
+
+
 def _gpt2_table(cfg: model.Config) -> dict:
   t = {("wte", "embedding"): Map(("transformer.wte.weight",)), ("wpe",): Map(("transformer.wpe.weight",)),
        ("ln_f", "scale"): Map(("transformer.ln_f.weight",)), ("ln_f", "bias"): Map(("transformer.ln_f.bias",)),
@@ -254,6 +289,8 @@ _decoder = _decoder_config
 FAMILIES: tuple[Family, ...] = (
     Family("gpt2", "GPT2LMHeadModel", _gpt2_config, _gpt2_to_hf, _gpt2_table,
            detect=lambda cfg: cfg.pos_embedding == "learned", tied=True),
+    Family("starcoder2", "Starcoder2ForCausalLM", _starcoder2_config, _starcoder2_to_hf, _starcoder2_table,
+           detect=lambda cfg: cfg.norm == "layernorm", tied=True),
     Family("gemma2", "Gemma2ForCausalLM", _gemma2_config, _gemma2_to_hf,
            functools.partial(_decoder_table, norms=_GEMMA2_NORMS), detect=_gemma2_like, tied=True),
     Family("gemma", "GemmaForCausalLM",

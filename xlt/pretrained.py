@@ -4,7 +4,7 @@ safetensors, one file or shards) into xlt's decoder (xlt.model), `save` writes o
   cfg, params = pretrained.load("path/to/Llama-3.2-1B", mesh=mesh)
   pretrained.save(cfg, params, "out", source_dir="path/to/Llama-3.2-1B")
 
-Families: llama (2, 3.x with llama3 rope scaling), mistral, qwen2, qwen3, gemma, gemma2, gpt2,
+Families: llama (2, 3.x with llama3 rope scaling), mistral, qwen2, qwen3, gemma, gemma2, gpt2, starcoder2,
 one record each in xlt.families (config.json both ways, weight table, detection). What each
 computes, and so which model.Config options it maps to, is in docs/families.md; the logits
 equal transformers' (tests/test_pretrained.py).
