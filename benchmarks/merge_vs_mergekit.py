@@ -137,8 +137,8 @@ def child(argv: list[str]) -> None:
 def max_abs_diff(dir_a: str, dir_b: str) -> float:
   """The largest |a - b| over every tensor of two output directories: both tools must agree."""
   sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-  from xlt.io import hf_dir
-  (_, a), (_, b) = hf_dir.read_model_dir(dir_a), hf_dir.read_model_dir(dir_b)
+  from xlt.io import hf_dir as hf
+  (_, a), (_, b) = hf.read_model_dir(dir_a), hf.read_model_dir(dir_b)
   if set(a) != set(b):
     raise RuntimeError(f"{dir_a} and {dir_b} hold different tensors: {sorted(set(a) ^ set(b))[:3]}")
   return max(float(np.max(np.abs(np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64)))) for k in a)

@@ -13,7 +13,7 @@ from safetensors.numpy import load_file
 
 from xlt import merge
 from xlt import paths as naming
-from xlt.io import tensor_files
+from xlt.io import tensor_files as files
 from xlt.merge import tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,7 +41,7 @@ def finetunes(tmp_path):
   paths = {}
   for name, tree in (("base", base), ("task", task), ("lang", lang)):
     paths[name] = str(tmp_path / f"{name}.safetensors")
-    tensor_files.save(tree, paths[name])
+    files.save(tree, paths[name])
   return (base, task, lang), paths
 
 
@@ -73,26 +73,26 @@ def test_save_and_load_round_trip_lazily(tmp_path):
   import ml_dtypes
   tree = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, ml_dtypes.bfloat16),
           "c": np.zeros((0, 2), np.int64), "d": np.array([True, False])}
-  tensor_files.save(tree, str(tmp_path / "x.safetensors"), {"note": "hi"})
+  files.save(tree, str(tmp_path / "x.safetensors"), {"note": "hi"})
   for k, x in load_file(str(tmp_path / "x.safetensors")).items():  # the safetensors package reads it
     np.testing.assert_array_equal(x, tree[k])
     assert x.dtype == tree[k].dtype
-  lazy = tensor_files.load(str(tmp_path / "x.safetensors"))
+  lazy = files.load(str(tmp_path / "x.safetensors"))
   assert lazy["a"].shape == (2, 3) and lazy["b"].dtype == np.dtype(ml_dtypes.bfloat16)
   np.testing.assert_array_equal(np.asarray(lazy["a"]), tree["a"])
   nested = {"block_0": {"mlp": {"fc": {"kernel": np.ones((2, 3), np.float32)}}}, "wte": {"embedding": np.zeros((4, 2))}}
-  tensor_files.save(nested, str(tmp_path / "n.safetensors"))
-  back = tensor_files.load(str(tmp_path / "n.safetensors"), lazy=False, nested=True)
+  files.save(nested, str(tmp_path / "n.safetensors"))
+  back = files.load(str(tmp_path / "n.safetensors"), lazy=False, nested=True)
   np.testing.assert_array_equal(back["block_0"]["mlp"]["fc"]["kernel"], nested["block_0"]["mlp"]["fc"]["kernel"])
   os.makedirs(tmp_path / "sharded")  # a directory of shards is one checkpoint
-  tensor_files.save({"a": tree["a"]}, str(tmp_path / "sharded" / "model-00001-of-00002.safetensors"))
-  tensor_files.save({"d": tree["d"]}, str(tmp_path / "sharded" / "model-00002-of-00002.safetensors"))
-  assert sorted(tensor_files.load(str(tmp_path / "sharded"))) == ["a", "d"]
+  files.save({"a": tree["a"]}, str(tmp_path / "sharded" / "model-00001-of-00002.safetensors"))
+  files.save({"d": tree["d"]}, str(tmp_path / "sharded" / "model-00002-of-00002.safetensors"))
+  assert sorted(files.load(str(tmp_path / "sharded"))) == ["a", "d"]
 
 
 def test_file_merges_equal_in_memory_merges(tmp_path):
   (base, task, lang), paths = finetunes(tmp_path)
-  lazy = {k: tensor_files.load(p) for k, p in paths.items()}
+  lazy = {k: files.load(p) for k, p in paths.items()}
   cases = [
       (merge.layer_swap, (task, lang), (lazy["task"], lazy["lang"]), dict(bottom=1, top=1, lower_transition=1)),
       (merge.soup, ([task, lang],), ([lazy["task"], lazy["lang"]],), {}),
@@ -131,7 +131,7 @@ def test_merge_command_writes_swap_and_heatmaps(tmp_path):
 
 
 def test_unrecognised_checkpoint_and_bad_inputs_fail_clearly(tmp_path):
-  tensor_files.save({"encoder.blocks.0.weight": np.ones((2, 2), np.float32)}, str(tmp_path / "odd.safetensors"))
+  files.save({"encoder.blocks.0.weight": np.ones((2, 2), np.float32)}, str(tmp_path / "odd.safetensors"))
   # a soup reads no blocks, so it merges any name; a layer swap needs a naming rule
   assert tool.merge_files({"experts": [str(tmp_path / "odd.safetensors")]}, "soup", str(tmp_path / "o"))["naming"] \
       == "unnamed"
@@ -142,7 +142,7 @@ def test_unrecognised_checkpoint_and_bad_inputs_fail_clearly(tmp_path):
   with pytest.raises(ValueError, match="missing \\['language_expert'\\]"):
     tool.merge_files({"task_expert": "x"}, "layer_swap", str(tmp_path / "o"))
   with pytest.raises(FileNotFoundError, match="does not exist"):
-    tensor_files.load(str(tmp_path / "nothing.safetensors"))
+    files.load(str(tmp_path / "nothing.safetensors"))
 
 
 PEAK = textwrap.dedent("""
@@ -178,7 +178,7 @@ def test_file_merge_peak_memory_is_about_one_model(tmp_path):
         tree[f"model.layers.{i}.self_attn.{proj}.weight"] = rng.standard_normal((384, 384), np.float32)
       tree[f"model.layers.{i}.mlp.up_proj.weight"] = rng.standard_normal((1536, 384), np.float32)
       tree[f"model.layers.{i}.mlp.down_proj.weight"] = rng.standard_normal((384, 1536), np.float32)
-    tensor_files.save(tree, str(tmp_path / f"{name}.safetensors"))
+    files.save(tree, str(tmp_path / f"{name}.safetensors"))
   size_kib = os.path.getsize(tmp_path / "a.safetensors") / 1024
   assert 40_000 < size_kib < 60_000
   for method in ("layer_swap", "task_arithmetic"):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from xlt.io import hf_dir
+from xlt.io import hf_dir as hf
 from xlt.merge import geometric, registry, selective
 from xlt.paths import HF, XLT
 
@@ -58,7 +58,7 @@ def fixture_script():
 
 
 def model(name: str) -> dict:
-  return hf_dir.read_model_dir(MODEL_DIRS[name])[1]  # lazy tensors, as the command merges them
+  return hf.read_model_dir(MODEL_DIRS[name])[1]  # lazy tensors, as the command merges them
 
 
 def xlt_merge(case: str) -> dict:

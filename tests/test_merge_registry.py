@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from xlt import merge
-from xlt.io import tensor_files
+from xlt.io import tensor_files as files
 from xlt.merge import core, geometric, registry, sparse
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -164,7 +164,7 @@ def command(*args, cwd=REPO):
 def checkpoints(tmp_path):
   trees = {name: hf(i) for i, name in enumerate(("base", "a", "b"))}
   for name, tree in trees.items():
-    tensor_files.save(tree, str(tmp_path / f"{name}.safetensors"))
+    files.save(tree, str(tmp_path / f"{name}.safetensors"))
   return trees, {name: str(tmp_path / f"{name}.safetensors") for name in trees}
 
 
@@ -214,10 +214,10 @@ def test_truncated_or_foreign_files_fail_on_load(tmp_path, checkpoints):
                        (len(data) - 1, "is truncated: its tensors end at byte")):
     (tmp_path / "x.safetensors").write_bytes(data[:cut])
     with pytest.raises(ValueError, match=message):
-      tensor_files.load(str(tmp_path / "x.safetensors"))
+      files.load(str(tmp_path / "x.safetensors"))
   (tmp_path / "x.safetensors").write_bytes(b"\x04\x00\x00\x00\x00\x00\x00\x00{{{{")
   with pytest.raises(ValueError, match="header is not JSON"):
-    tensor_files.load(str(tmp_path / "x.safetensors"))
+    files.load(str(tmp_path / "x.safetensors"))
 
 
 def test_a_float_option_given_per_layer_merges_each_block_with_its_value():

@@ -16,7 +16,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
-from xlt.io import hf_dir
+from xlt.io import hf_dir as hf
 from xlt.merge import combine, core, registry, sparse
 from xlt.paths import HF, XLT
 
@@ -42,8 +42,8 @@ def fixture_case_data(directory: str = MERGEKIT):
 
 def inputs(names):
   """base, [llama_b, llama_c] restricted to `names` (every merge here is per tensor)."""
-  _, base = hf_dir.read_model_dir(os.path.join(FIXTURES, "hf", "llama"))
-  _, b = hf_dir.read_model_dir(os.path.join(FIXTURES, "hf", "llama_b"))
+  _, base = hf.read_model_dir(os.path.join(FIXTURES, "hf", "llama"))
+  _, b = hf.read_model_dir(os.path.join(FIXTURES, "hf", "llama_b"))
   c = load_file(os.path.join(MERGEKIT, "llama_c.safetensors"))
   pick = lambda tree: {n: np.asarray(tree[n]) for n in names}
   return pick(base), [pick(b), pick(c)]
@@ -280,8 +280,8 @@ def test_command_line_merge_equals_the_in_memory_merge(tmp_path):
   run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
                        env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"})
   assert run.returncode == 0, run.stderr
-  _, got = hf_dir.read_model_dir(str(out))
-  trees_ = {"base": hf_dir.read_model_dir(llama)[1], "experts": [hf_dir.read_model_dir(llama_b)[1], hf_dir.read_model_dir(llama)[1]]}
+  _, got = hf.read_model_dir(str(out))
+  trees_ = {"base": hf.read_model_dir(llama)[1], "experts": [hf.read_model_dir(llama_b)[1], hf.read_model_dir(llama)[1]]}
   want = sparse.breadcrumbs_ties(trees_["base"], trees_["experts"], density=0.3, weights=[1, 0.5], normalize=True,
                                  naming=HF)
   assert sorted(got) == sorted(want)

@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from xlt import merge, paths
-from xlt.io import tensor_files
+from xlt.io import tensor_files as files
 from xlt.merge import from_mergekit, registry, tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,10 +43,10 @@ def llama(seed: int, v: int = 16, d: int = 8, layers: int = 2) -> dict:
 def save(tmp_path, name: str, tensors: dict, config: dict | None = None) -> str:
   """A checkpoint: a model directory with config.json when `config` is given, else a file."""
   if config is None:
-    tensor_files.save(tensors, str(tmp_path / f"{name}.safetensors"))
+    files.save(tensors, str(tmp_path / f"{name}.safetensors"))
     return str(tmp_path / f"{name}.safetensors")
   os.makedirs(tmp_path / name, exist_ok=True)
-  tensor_files.save(tensors, str(tmp_path / name / "model.safetensors"), metadata={"format": "pt"})
+  files.save(tensors, str(tmp_path / name / "model.safetensors"), metadata={"format": "pt"})
   with open(tmp_path / name / "config.json", "w") as f:
     json.dump(config, f)
   return str(tmp_path / name)
@@ -154,7 +154,7 @@ def test_command_errors_are_one_line_and_leave_the_output(tmp_path):
 
 
 def test_unreadable_tensor_names_file_and_tensor(tmp_path):
-  x = tensor_files.LazyTensor(str(tmp_path / "gone.safetensors"), "w", (2,), np.float32)
+  x = files.LazyTensor(str(tmp_path / "gone.safetensors"), "w", (2,), np.float32)
   with pytest.raises(ValueError, match="gone.safetensors: tensor w could not be read"):
     np.asarray(x)
 

@@ -30,7 +30,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from xlt.io import config_files, fileio, hf_dir
+from xlt.io import config_files, fileio
+from xlt.io import hf_dir as hf
 from xlt.merge import from_mergekit, registry, tool
 
 # the config a mergekit YAML is laid over (so --config.output=... works beside it), found in a
@@ -75,7 +76,7 @@ def merge_config(c) -> dict:
   summary = tool.merge_files(inputs_of(c["method"], c.get("inputs") or {}), c["method"], c["output"], options,
                              naming=c.get("naming", "auto"), heatmaps=c.get("heatmaps", True),
                              config_from=c.get("config_from") or None,
-                             max_shard_bytes=c.get("max_shard_size") or hf_dir.DEFAULT_MAX_SHARD_BYTES,
+                             max_shard_bytes=c.get("max_shard_size") or hf.DEFAULT_MAX_SHARD_BYTES,
                              dtype=c.get("dtype") or None, vocab=c.get("vocab") or None)
   fileio.write_text(os.path.join(c["output"], "summary.json"), json.dumps(summary, indent=1) + "\n")
   return summary

@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from xlt import paths as naming_lib
-from xlt.io import hf_dir
+from xlt.io import hf_dir as hf
 from xlt.io.tensor_files import load
 from xlt.merge import analysis, registry
 
@@ -31,20 +31,20 @@ def source_model(inputs: dict, roles: list[str], config_from: str | None = None)
       raise ValueError(f"config_from={config_from!r} is not one of the inputs {sorted(inputs)}")
     path = inputs[config_from]
     path = path[0] if isinstance(path, (list, tuple)) else path
-    if not os.path.isfile(os.path.join(path, hf_dir.CONFIG)):
-      raise ValueError(f"config_from={config_from!r}: {path} has no {hf_dir.CONFIG}")
+    if not os.path.isfile(os.path.join(path, hf.CONFIG)):
+      raise ValueError(f"config_from={config_from!r}: {path} has no {hf.CONFIG}")
     return path
   for role in ["base"] + roles:
     paths = inputs.get(role, [])
     for path in paths if isinstance(paths, (list, tuple)) else [paths]:
-      if os.path.isfile(os.path.join(path, hf_dir.CONFIG)):
+      if os.path.isfile(os.path.join(path, hf.CONFIG)):
         return path
   return None
 
 
 def merge_files(inputs: dict, method: str, output: str, options: dict | None = None, *,
                 naming: str | naming_lib.Naming = "auto", heatmaps: bool = True, config_from: str | None = None,
-                max_shard_bytes: int | str = hf_dir.DEFAULT_MAX_SHARD_BYTES, dtype: str | None = None,
+                max_shard_bytes: int | str = hf.DEFAULT_MAX_SHARD_BYTES, dtype: str | None = None,
                 vocab: str | None = None) -> dict:
   """Merges checkpoint files with one of the registry's methods and writes `output` as a model
   directory (xlt.io.hf_dir: model.safetensors or shards with their index, config.json and
@@ -83,14 +83,14 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
     trees = _refit(inputs, trees, dict(zip((p for p, _ in labelled), fitted)))
     labelled = _labelled(inputs, trees, ["base"] + roles)
     if vocab == "union" and not config_from and rows is not None:
-      source = next((p for p in largest if os.path.isfile(os.path.join(p, hf_dir.CONFIG))), source)
+      source = next((p for p in largest if os.path.isfile(os.path.join(p, hf.CONFIG))), source)
     config = _with_vocab_size(source, rows)
   check_inputs(labelled, nm)
   merged = registry.merge(method, {r: trees[r] for r in roles}, options, naming=nm)
   card = {"title": f"{method} merge", "method": method, "inputs": inputs, "options": options}
   if vocab:
     card["vocab"] = vocab
-  written = hf_dir.write_model_dir(merged, output, source_dir=source, config=config, card=card,
+  written = hf.write_model_dir(merged, output, source_dir=source, config=config, card=card,
                                max_shard_bytes=max_shard_bytes, dtype=dtype,
                                metadata={"merge_method": method, "options": json.dumps(options, sort_keys=True)},
                                weights_only=source is None)
@@ -155,7 +155,7 @@ def _vocab_kind(name: str, nm: naming_lib.Naming | None) -> bool:
 
 def _vocab_size(path: str) -> int | None:
   try:
-    with open(os.path.join(path, hf_dir.CONFIG)) as f:
+    with open(os.path.join(path, hf.CONFIG)) as f:
       cfg = json.load(f)
   except (OSError, ValueError):
     return None
@@ -240,7 +240,7 @@ def _with_vocab_size(source: str | None, rows: int | None) -> dict | None:
   (take the config as it is) otherwise."""
   if source is None or rows is None or _vocab_size(source) in (None, rows):
     return None
-  with open(os.path.join(source, hf_dir.CONFIG)) as f:
+  with open(os.path.join(source, hf.CONFIG)) as f:
     cfg = json.load(f)
   (cfg if "vocab_size" in cfg else cfg["text_config"])["vocab_size"] = rows
   return cfg
