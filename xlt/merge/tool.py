@@ -58,7 +58,7 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
   options: the method's options (layer_swap: bottom, top, ...); not those that take trees.
   naming: "auto", "hf", "xlt", a block prefix pattern ("gpt_neox.layers.{i}.") or a Naming;
     only methods that read blocks or rows need one (`registry.naming_for_method`).
-  max_shard_bytes, dtype: as `hf_dir.write_model_dir` takes them.
+  max_shard_bytes, dtype: as `hf.write_model_dir` takes them.
   vocab: what to do when the inputs' vocabularies differ (more rows in the embedding and
     head tensors of one input, e.g. a language expert with an extended tokenizer); see
     `fit_vocab`: None (an error naming the tensor), "base" or "union".
