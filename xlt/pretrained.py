@@ -30,15 +30,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xlt import families as families_lib
 from xlt import model
 from xlt import paths
 from xlt import sharding
-from xlt.families import Map
+from xlt.families import BY_NAME, Map, of_config, of_config_json
 from xlt.io import hf_dir
 
-FAMILIES = tuple(f.name for f in families_lib.FAMILIES)
-ARCHITECTURES = {f.name: f.architecture for f in families_lib.FAMILIES}
+FAMILIES = tuple(BY_NAME)  # xlt.families' records, in detection order
+ARCHITECTURES = {name: f.architecture for name, f in BY_NAME.items()}
 DTYPES = ("float32", "bfloat16", "float16")
 # buffers some checkpoints carry that are not parameters (rotary tables, GPT-2's causal mask)
 _BUFFERS = re.compile(r"(rotary_emb\.inv_freq|attn\.bias|attn\.masked_bias)$")
@@ -46,13 +45,13 @@ _BUFFERS = re.compile(r"(rotary_emb\.inv_freq|attn\.bias|attn\.masked_bias)$")
 
 def family_of(hf: dict) -> str:
   """The family of a config.json: its model_type, else its architecture."""
-  return families_lib.of_config_json(hf).name
+  return of_config_json(hf).name
 
 
 def config_from_hf(hf: dict, *, dtype: str | None = None) -> model.Config:
   """The model.Config of a Hugging Face config.json (dict). `dtype` (compute and parameter
   dtype) defaults to the config's own, else float32."""
-  family = families_lib.of_config_json(hf)
+  family = of_config_json(hf)
   dtype = str(dtype or hf.get("dtype") or hf.get("torch_dtype") or "float32")
   if dtype not in DTYPES:
     raise ValueError(f"dtype {dtype!r} is not supported: xlt.pretrained loads {', '.join(DTYPES)}")
@@ -61,13 +60,13 @@ def config_from_hf(hf: dict, *, dtype: str | None = None) -> model.Config:
 
 def guess_family(cfg: model.Config) -> str:
   """The family whose config.json describes `cfg`, for a model with no Hugging Face config."""
-  return families_lib.of_config(cfg).name
+  return of_config(cfg).name
 
 
 def config_to_hf(cfg: model.Config, family: str, base: dict | None = None) -> dict:
   """A config.json (dict) for `cfg` as a `family` model: `base`'s entries (token ids, ...)
   with every entry that decides the computation set from `cfg` (the family's `to_hf`)."""
-  record = families_lib.BY_NAME[family]
+  record = BY_NAME[family]
   out = dict(base or {}, model_type=family, architectures=[record.architecture], vocab_size=cfg.vocab_size,
              tie_word_embeddings=cfg.tie_embeddings, dtype=cfg.param_dtype)
   return out | record.to_hf(cfg)
@@ -88,7 +87,7 @@ def _normal(cfg: model.Config) -> model.Config:
 
 def table(cfg: model.Config, family: str, shapes: dict) -> dict:
   """{xlt path: Map} for the leaves of `shapes` ({path: shape-like}); every leaf has one."""
-  full = families_lib.BY_NAME[family].table(cfg)
+  full = BY_NAME[family].table(cfg)
   missing = [paths.path_str(p) for p in shapes if p not in full]
   if missing:
     raise ValueError(f"xlt parameter {missing[0]} has no {family} tensor: this config is not a {family} model")
