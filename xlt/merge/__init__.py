@@ -5,8 +5,8 @@ paper's analysis of where fine-tuning changed a model.
 
 Depends on numpy, jax.tree_util and the standard library only (matplotlib inside the
 plot function, safetensors when a file's tensor is read; `python -m xlt.merge` adds absl
-and ml_collections for its config), never on the rest of xlt but the path vocabulary and
-the I/O floor (xlt.io), so it merges any checkpoint that loads as a pytree. Paths are read through a `Naming` (`XLT` for xlt.model's GPT, `HF` for Hugging
+and ml_collections for its config), never on the rest of xlt, so it merges any checkpoint
+that loads as a pytree. Paths are read through a `Naming` (`XLT` for xlt.model's GPT, `HF` for Hugging
 Face names, `from_rule(path -> (block, kind))` for any other); every merge takes `naming=`.
 
   registry.py every method by name: its inputs (roles), options, paper; `merge`, `describe`
@@ -17,10 +17,12 @@ Face names, `from_rule(path -> (block, kind))` for any other); every merge takes
   geometric.py SLERP, NuSLERP, multi-SLERP, Karcher mean, model stock, nearswap
   selective.py Arcee fusion, RAM
   maet.py     MAET (ability extraction and transfer)
+  files.py    safetensors checkpoints read / written one tensor at a time
+  hf.py       Hugging Face model directories (config, tokenizer, shards, index, card)
   tool.py     merges of checkpoint files into a model directory (`python -m xlt.merge`)
   analysis.py per-block share of changed rows, heatmap
-(xlt/paths.py: paths -> (block, kind) and the rows (neurons) of each tensor: XLT, HF, from_rule;
-xlt/io/: the files a merge reads and writes: safetensors, Hugging Face model directories.)
+  fileio.py   atomic file writes
+(xlt/paths.py: paths -> (block, kind) and the rows (neurons) of each tensor: XLT, HF, from_rule.)
 
 Any method by name: `merge.merge("ties", {"base": b, "experts": [t, l]}, {"density": 0.2})`;
 `print(merge.describe())` lists them all; `python -m xlt.merge` runs them on files.
