@@ -3,7 +3,7 @@ and `python -m xlt.merge --mergekit_yaml=...` runs from a directory with no chec
 
 The install is the wheel itself, built and unpacked onto PYTHONPATH (what pip does with a pure
 wheel), where this Python can build one (setuptools >= 68 and wheel); elsewhere, the same files
-laid out from pyproject.toml's packages and package-dir, as setuptools' build_py copies them."""
+laid out from setup.py's packages and package_dir, as setuptools' build_py copies them."""
 
 import importlib.util
 import json
@@ -24,14 +24,22 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 LLAMA, LLAMA_B = (str(ROOT / "tests" / "fixtures" / "hf" / n) for n in ("llama", "llama_b"))
 
 
-def _setuptools() -> dict:
-  return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+def _setup():
+  """setup.py's PACKAGES and PACKAGE_DIR (its setup() runs only as a script)."""
+  spec = importlib.util.spec_from_file_location("xlt_setup", ROOT / "setup.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _xlt_packages() -> set[str]:
+  return {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "xlt").rglob("__init__.py")}
 
 
 def test_every_package_ships_and_configs_ship_inside_xlt():
-  packages = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "xlt").rglob("__init__.py")}
-  assert set(_setuptools()["packages"]) == packages | {"xlt.configs"}
-  assert _setuptools()["package-dir"] == {"xlt.configs": "configs"}
+  assert set(_setup().PACKAGES) == _xlt_packages() | {"xlt.configs"}
+  assert _setup().PACKAGE_DIR == {"xlt.configs": "configs"}
+  assert "packages" not in tomllib.loads((ROOT / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {})
 
 
 def test_config_lookup_takes_a_checkout_first_then_the_package(tmp_path):
@@ -61,7 +69,7 @@ def _install(site: pathlib.Path, tmp: pathlib.Path) -> str:
   if _can_build_wheels():
     src = tmp / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
       shutil.copy(ROOT / name, src / name)
     for name in ("xlt", "configs"):
       shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -70,8 +78,8 @@ def _install(site: pathlib.Path, tmp: pathlib.Path) -> str:
     (wheel,) = (tmp / "dist").glob("xlt-*.whl")
     zipfile.ZipFile(wheel).extractall(site)
     return "wheel"
-  mapping = _setuptools()["package-dir"]
-  for package in _setuptools()["packages"]:
+  mapping = _setup().PACKAGE_DIR
+  for package in _setup().PACKAGES:
     source = ROOT / mapping.get(package, package.replace(".", "/"))
     target = site / package.replace(".", "/")
     target.mkdir(parents=True)
@@ -85,6 +93,8 @@ def test_installed_package_runs_a_mergekit_yaml_outside_the_checkout(tmp_path):
   site.mkdir()
   work.mkdir()
   how = _install(site, tmp_path)
+  installed = {".".join(p.parent.relative_to(site).parts) for p in site.rglob("__init__.py")}
+  assert installed == _xlt_packages() | {"xlt.configs"}, how
   assert (site / "xlt" / "configs" / "merge_files.py").is_file() and not (site / "configs").exists()
   (work / "merge.yml").write_text(f"models:\n  - model: {LLAMA}\n  - model: {LLAMA_B}\n"
                                   "merge_method: linear\nparameters:\n  weight: 0.5\ndtype: float32\n")
