@@ -9,6 +9,8 @@ from setuptools import find_packages, setup
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE_DIR = {"xlt.configs": "configs"}
 PACKAGES = sorted(find_packages(where=HERE, include=["xlt", "xlt.*"]) + list(PACKAGE_DIR))
+# files besides modules that a package reads at run time (task definitions, templates, tables)
+DATA = ["*.yaml", "*.yml", "*.json", "*.jinja", "*.txt"]
 
 if __name__ == "__main__":  # as setuptools runs it
-  setup(packages=PACKAGES, package_dir=PACKAGE_DIR)
+  setup(packages=PACKAGES, package_dir=PACKAGE_DIR, package_data={"": DATA})

@@ -83,9 +83,19 @@ def _install(site: pathlib.Path, tmp: pathlib.Path) -> str:
     source = ROOT / mapping.get(package, package.replace(".", "/"))
     target = site / package.replace(".", "/")
     target.mkdir(parents=True)
-    for f in source.glob("*.py"):
-      shutil.copy(f, target / f.name)
+    for f in source.iterdir():
+      if f.is_file() and (f.suffix == ".py" or any(f.match(d) for d in _setup().DATA)):
+        shutil.copy(f, target / f.name)
   return "layout"
+
+
+def _shipped_files() -> set[str]:
+  """Where each file of xlt/ and configs/ that git knows lands in an install."""
+  out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard", "xlt",
+                        "configs"], capture_output=True, text=True)
+  if out.returncode:
+    pytest.skip("not a git checkout: " + out.stderr.strip())
+  return {"xlt/" + f if f.startswith("configs/") else f for f in out.stdout.splitlines() if (ROOT / f).is_file()}
 
 
 def test_installed_package_runs_a_mergekit_yaml_outside_the_checkout(tmp_path):
@@ -95,6 +105,9 @@ def test_installed_package_runs_a_mergekit_yaml_outside_the_checkout(tmp_path):
   how = _install(site, tmp_path)
   installed = {".".join(p.parent.relative_to(site).parts) for p in site.rglob("__init__.py")}
   assert installed == _xlt_packages() | {"xlt.configs"}, how
+  # every file of the package ships, modules and data (setup.py's DATA) alike
+  missing = sorted(f for f in _shipped_files() if not (site / f).is_file())
+  assert not missing, f"not in the install ({how}); add their kind to setup.py's DATA: {missing}"
   assert (site / "xlt" / "configs" / "merge_files.py").is_file() and not (site / "configs").exists()
   (work / "merge.yml").write_text(f"models:\n  - model: {LLAMA}\n  - model: {LLAMA_B}\n"
                                   "merge_method: linear\nparameters:\n  weight: 0.5\ndtype: float32\n")
