@@ -3,7 +3,8 @@ and `python -m xlt.merge --mergekit_yaml=...` runs from a directory with no chec
 
 The install is the wheel itself, built and unpacked onto PYTHONPATH (what pip does with a pure
 wheel), where this Python can build one (setuptools >= 68 and wheel); elsewhere, the same files
-laid out from setup.py's packages and package_dir, as setuptools' build_py copies them."""
+laid out as setuptools' build_py copies them (setup.py: the package trees, configs/ as xlt/configs,
+modules and DATA files)."""
 
 import importlib.util
 import json
@@ -78,14 +79,14 @@ def _install(site: pathlib.Path, tmp: pathlib.Path) -> str:
     (wheel,) = (tmp / "dist").glob("xlt-*.whl")
     zipfile.ZipFile(wheel).extractall(site)
     return "wheel"
-  mapping = _setup().PACKAGE_DIR
-  for package in _setup().PACKAGES:
-    source = ROOT / mapping.get(package, package.replace(".", "/"))
-    target = site / package.replace(".", "/")
-    target.mkdir(parents=True)
-    for f in source.iterdir():
-      if f.is_file() and (f.suffix == ".py" or any(f.match(d) for d in _setup().DATA)):
-        shutil.copy(f, target / f.name)
+  # every module and data file of the package trees (setuptools takes data from subfolders
+  # without an __init__.py too), configs/ under xlt/ as PACKAGE_DIR maps it
+  trees = {"xlt": ROOT / "xlt"} | {k.replace(".", "/"): ROOT / v for k, v in _setup().PACKAGE_DIR.items()}
+  for target, source in trees.items():
+    for f in source.rglob("*"):
+      if f.is_file() and "__pycache__" not in f.parts and (f.suffix == ".py" or any(f.match(d) for d in _setup().DATA)):
+        (site / target / f.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, site / target / f.relative_to(source))
   return "layout"
 
 
