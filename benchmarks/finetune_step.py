@@ -1,8 +1,8 @@
 """Fine-tuning a loaded Llama: one training step of xlt against PyTorch eager
 (transformers' `LlamaForCausalLM`) on the same weights, full fine-tuning and LoRA, on the CPU.
 
-  /tmp/peervenv/bin/python benchmarks/finetune_step.py --workdir=runs/finetune --out=runs/finetune.json
-  /tmp/peervenv/bin/python benchmarks/finetune_step.py --workdir=runs/finetune --quick   # smoke test
+  ../peervenv/bin/python benchmarks/finetune_step.py --workdir=runs/finetune --out=runs/finetune.json
+  ../peervenv/bin/python benchmarks/finetune_step.py --workdir=runs/finetune --quick   # smoke test
 
 Runs where torch, transformers, peft and xlt are installed together. Both tools start from the
 same files: a seeded random float32 `LlamaForCausalLM` of each shape, written once by

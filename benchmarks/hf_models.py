@@ -1,7 +1,7 @@
 """Hugging Face decoders in xlt against transformers on the CPU: loading a ~1 GB checkpoint
 (wall time and peak RSS) and greedy decoding with a KV cache (new tokens/s), on the same files.
 
-  /tmp/peervenv/bin/python benchmarks/hf_models.py --workdir=runs/hf_models --out=runs/hf_models.json
+  ../peervenv/bin/python benchmarks/hf_models.py --workdir=runs/hf_models --out=runs/hf_models.json
 
 Runs where both are installed (a virtual environment with torch, transformers and xlt). It
 writes two Llama-shaped float32 checkpoints under --workdir with transformers' own

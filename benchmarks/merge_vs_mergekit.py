@@ -2,7 +2,7 @@
 each tool's command, each in its own subprocess, for task_arithmetic, ties and a layer swap
 (mergekit: passthrough slices A [0, b), B [b, L-u), A [L-u, L)).
 
-  /tmp/peervenv/bin/python benchmarks/merge_vs_mergekit.py --out=runs/merge_vs_mergekit.json
+  ../peervenv/bin/python benchmarks/merge_vs_mergekit.py --out=runs/merge_vs_mergekit.json
 
 Runs where both tools are installed (a virtual environment with mergekit and xlt). It writes
 three Llama-shaped float32 checkpoints (a base and two fine-tunes: the base plus seeded noise;
@@ -25,6 +25,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -136,7 +137,7 @@ def child(argv: list[str]) -> None:
 def max_abs_diff(dir_a: str, dir_b: str) -> float:
   """The largest |a - b| over every tensor of two output directories: both tools must agree."""
   sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-  from xlt.merge import hf
+  from xlt.io import hf_dir as hf
   (_, a), (_, b) = hf.read_model_dir(dir_a), hf.read_model_dir(dir_b)
   if set(a) != set(b):
     raise RuntimeError(f"{dir_a} and {dir_b} hold different tensors: {sorted(set(a) ^ set(b))[:3]}")
@@ -157,7 +158,8 @@ def table(results: list[dict], size_mib: float) -> str:
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--work", default="/tmp/xlt_merge_bench", help="where the checkpoints and outputs go")
+  ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "xlt_merge_bench"),
+                  help="where the checkpoints and outputs go")
   ap.add_argument("--out", help="the JSON file of every measurement (required)")
   ap.add_argument("--rounds", type=int, default=2)
   ap.add_argument("--methods", default=",".join(METHODS))

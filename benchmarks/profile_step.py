@@ -3,7 +3,7 @@
 device, and for those that hold matrix products their FLOPs (read from the compiled HLO) and
 speed in GFLOP/s, with the model path the op came from (`block_1/mlp/fc`, backward or not).
 
-  python benchmarks/profile_step.py text_proxy [--steps 5] [--top 30] [--trace_dir /tmp/prof]
+  python benchmarks/profile_step.py text_proxy [--steps 5] [--top 30] [--trace_dir runs/prof]
 
 Prints the step's median time unprofiled, a table of the costliest ops, then the totals:
 time in ops with products and their speed, and the rest by kind of op. Compare the products'
@@ -24,6 +24,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/, xlt/
@@ -187,5 +188,6 @@ if __name__ == "__main__":
                  "addition_ref, text_proxy)")
   p.add_argument("--steps", type=int, default=5, help="steps traced")
   p.add_argument("--top", type=int, default=30, help="ops listed")
-  p.add_argument("--trace_dir", default="/tmp/xlt_profile_step", help="where the trace goes (TensorBoard/Perfetto)")
+  p.add_argument("--trace_dir", default=os.path.join(tempfile.gettempdir(), "xlt_profile_step"),
+                 help="where the trace goes (TensorBoard/Perfetto)")
   main(p.parse_args())

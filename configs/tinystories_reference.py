@@ -1,8 +1,8 @@
 """Table 4 (TinyStories language mixing), the full reference setup: needs the corpora and a GPU.
 
   python -m xlt.main --config=configs/tinystories_reference.py --workdir=runs/ts_ref \
-      --config.data.high.path=/data/tinystories_en.txt \
-      --config.data.low.path=/data/tinystories_cs.txt
+      --config.data.high.path=data/tinystories_en.txt \
+      --config.data.low.path=data/tinystories_cs.txt
 
 Reference (Table 4, Czech test perplexity): English-only 3.94 (English ppl); Czech-only limited
 (10%) 28.67 ± 1.3; Czech-only full 5.65; mixed (10% Czech + English) 8.72 ± 1.2, +69.6%.

@@ -1,11 +1,11 @@
-"""xlt.merge.fileio: a write is all or nothing."""
+"""xlt.io.fileio: a write is all or nothing."""
 
 import json
 import os
 
 import pytest
 
-from xlt.merge import fileio
+from xlt.io import fileio
 
 
 def test_write_replaces_whole_file_and_leaves_no_temporary(tmp_path):

@@ -111,9 +111,7 @@ def test_unknown_language():
     graph.check_language("edge_klingon")
 
 
-def test_failure_kinds_and_the_errors_report():
-  from xlt import errors
-
+def test_failure_kinds():
   g = nx.path_graph(5)  # 0 - 1 - 2 - 3 - 4
   e = "edge_plain"
   assert graph.failure(g, (0, 2), "0 1 , 1 2".split(), e) is None
@@ -123,13 +121,3 @@ def test_failure_kinds_and_the_errors_report():
   assert graph.failure(g, (0, 3), "0 1 , 1 3".split(), e) == "non-edge"
   assert graph.failure(g, (0, 3), "0 1 , 1 2".split(), e) == "wrong end"
   assert graph.failure(g, (4, 2), "10004 10003 10002".split(), "node_offset") is None
-  records = [{"member": "mixed_x/seed_0", "set": e, "prompt": "0 2 =", "answer": "0 1 , 1 2"},
-             {"member": "mixed_x/seed_1", "set": e, "prompt": "0 2 =", "answer": "0 1 , 0 1"},
-             {"member": "mixed_x/seed_1", "set": e, "prompt": "0 1 =", "answer": "0 1"},
-             {"member": "alone_x/seed_0", "set": "node_plain", "prompt": "4 0 :", "answer": "4 3 0"}]
-  failures, by_distance = errors.tally(g, records)
-  assert failures[("mixed_x", e)] == {"valid": 2, "malformed": 1}
-  assert failures[("alone_x", "node_plain")] == {"non-edge": 1}
-  assert by_distance[("mixed_x", e)] == {2: [1, 2], 1: [1, 1]}
-  table = errors.report(failures, by_distance)
-  assert "| mixed_x | edge_plain | 2 | 1 | 0 | 0 | 0 |" in table and "50.0% (2)" in table

@@ -13,7 +13,8 @@ from safetensors.numpy import load_file
 
 from xlt import merge
 from xlt import paths as naming
-from xlt.merge import files, tool
+from xlt.io import tensor_files as files
+from xlt.merge import tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}

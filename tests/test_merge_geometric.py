@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from xlt.merge import geometric, hf, registry, selective
+from xlt.io import hf_dir as hf
+from xlt.merge import geometric, registry, selective
 from xlt.paths import HF, XLT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

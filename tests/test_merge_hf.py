@@ -1,4 +1,4 @@
-"""Hugging Face model directories (xlt.merge.hf): written bit-exact, sharded like
+"""Hugging Face model directories (xlt.io.hf_dir): written bit-exact, sharded like
 save_pretrained, never half written, read back with one-line errors; and, where torch and
 transformers are installed, loaded by transformers with the logits of the same weights.
 
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from xlt.merge import files, hf
+from xlt.io import hf_dir as hf
+from xlt.io import tensor_files as files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "hf")

@@ -11,7 +11,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from xlt import merge
-from xlt.merge import core, files, geometric, registry, sparse
+from xlt.io import tensor_files as files
+from xlt.merge import core, geometric, registry, sparse
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}

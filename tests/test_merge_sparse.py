@@ -16,7 +16,8 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
-from xlt.merge import combine, core, hf, registry, sparse
+from xlt.io import hf_dir as hf
+from xlt.merge import combine, core, registry, sparse
 from xlt.paths import HF, XLT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

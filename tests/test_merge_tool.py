@@ -12,7 +12,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from xlt import merge, paths
-from xlt.merge import files, from_mergekit, registry, tool
+from xlt.io import tensor_files as files
+from xlt.merge import from_mergekit, registry, tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}

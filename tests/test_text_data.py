@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from xlt.data import corpus, packing, text
+from xlt.data import corpus, packing, spm_tokenizer
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared")
 
@@ -187,12 +187,12 @@ def corpora(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sp(corpora, tmp_path_factory):
-  return text.train_or_load_tokenizer(str(tmp_path_factory.mktemp("work")), corpora, vocab_size=400)
+  return spm_tokenizer.train_or_load_tokenizer(str(tmp_path_factory.mktemp("work")), corpora, vocab_size=400)
 
 
 def test_tokenizer_special_ids(sp):
   assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (
-      text.PAD_ID, text.UNK_ID, text.BOS_ID, text.EOS_ID) == (0, 1, 2, 3)
+      spm_tokenizer.PAD_ID, spm_tokenizer.UNK_ID, spm_tokenizer.BOS_ID, spm_tokenizer.EOS_ID) == (0, 1, 2, 3)
   assert sp.get_piece_size() == 400
   assert sp.id_to_piece(4) == "\n" and sp.id_to_piece(5) == "<0x00>"
 
@@ -205,17 +205,17 @@ def test_tokenizer_special_ids(sp):
     "  leading and  double spaces, trailing \n",
 ])
 def test_tokenizer_round_trip(sp, string):
-  ids = text.encode(sp, string)
-  assert text.UNK_ID not in ids
-  assert text.decode(sp, ids) == string
-  specials = [text.BOS_ID, *ids, text.EOS_ID, text.PAD_ID]
-  assert text.decode(sp, specials) == string  # specials decode to ""
+  ids = spm_tokenizer.encode(sp, string)
+  assert spm_tokenizer.UNK_ID not in ids
+  assert spm_tokenizer.decode(sp, ids) == string
+  specials = [spm_tokenizer.BOS_ID, *ids, spm_tokenizer.EOS_ID, spm_tokenizer.PAD_ID]
+  assert spm_tokenizer.decode(sp, specials) == string  # specials decode to ""
 
 
 def test_tokenizer_learns_both_languages(sp):
   # Frequent words of both languages became single pieces (the budget is balanced).
-  assert len(text.encode(sp, "the")) == 1 and len(text.encode(sp, "einen")) == 1
-  assert len(text.encode(sp, "Mädchen")) < len("Mädchen".encode())
+  assert len(spm_tokenizer.encode(sp, "the")) == 1 and len(spm_tokenizer.encode(sp, "einen")) == 1
+  assert len(spm_tokenizer.encode(sp, "Mädchen")) < len("Mädchen".encode())
 
 
 def test_tokenizer_cache_reuse_and_invalidation(corpora, tmp_path, monkeypatch):
@@ -225,41 +225,41 @@ def test_tokenizer_cache_reuse_and_invalidation(corpora, tmp_path, monkeypatch):
                       lambda **kw: calls.append(kw["vocab_size"]) or train(**kw))
   workdir = str(tmp_path)
   models = lambda: sorted((tmp_path / "tokenizer").glob("*.model"))
-  first = text.train_or_load_tokenizer(workdir, corpora, vocab_size=350)
+  first = spm_tokenizer.train_or_load_tokenizer(workdir, corpora, vocab_size=350)
   [path] = models()
   mtime = path.stat().st_mtime_ns
-  second = text.train_or_load_tokenizer(workdir, corpora, vocab_size=350)
+  second = spm_tokenizer.train_or_load_tokenizer(workdir, corpora, vocab_size=350)
   assert calls == [350] and models() == [path] and path.stat().st_mtime_ns == mtime
   assert second.serialized_model_proto() == first.serialized_model_proto()
   assert not list((tmp_path / "tokenizer").glob("*.tmp"))  # no temporary file left behind
-  text.train_or_load_tokenizer(workdir, corpora, vocab_size=360)  # a setting changed
+  spm_tokenizer.train_or_load_tokenizer(workdir, corpora, vocab_size=360)  # a setting changed
   assert calls == [350, 360] and len(models()) == 2
-  text.train_or_load_tokenizer(workdir, corpora, vocab_size=350, split=corpus.SplitSpec(seed=1))
+  spm_tokenizer.train_or_load_tokenizer(workdir, corpora, vocab_size=350, split=corpus.SplitSpec(seed=1))
   assert calls == [350, 360, 350] and len(models()) == 3
 
 
 def test_tokenizer_input_change_retrains(corpora, tmp_path):
   en = write(tmp_path / "en.jsonl", open(corpora[0].path, encoding="utf-8").read())
   specs = [corpus.CorpusSpec(en, "jsonl"), corpora[1]]
-  text.train_or_load_tokenizer(str(tmp_path), specs, vocab_size=350)
+  spm_tokenizer.train_or_load_tokenizer(str(tmp_path), specs, vocab_size=350)
   with open(en, "a", encoding="utf-8") as f:
     f.write(jsonl([{"text": "A new story about a purple elephant."}]))
-  text.train_or_load_tokenizer(str(tmp_path), specs, vocab_size=350)
+  spm_tokenizer.train_or_load_tokenizer(str(tmp_path), specs, vocab_size=350)
   assert len(list((tmp_path / "tokenizer").glob("*.model"))) == 2
 
 
 def test_tokenizer_vocab_too_large_is_clear(corpora, tmp_path):
   with pytest.raises(ValueError, match="smaller vocab_size"):
-    text.train_or_load_tokenizer(str(tmp_path), corpora, vocab_size=50_000)
+    spm_tokenizer.train_or_load_tokenizer(str(tmp_path), corpora, vocab_size=50_000)
   with pytest.raises(ValueError, match="use a larger vocab_size"):
-    text.train_or_load_tokenizer(str(tmp_path), corpora, vocab_size=262)
+    spm_tokenizer.train_or_load_tokenizer(str(tmp_path), corpora, vocab_size=262)
   assert not list(tmp_path.glob("tokenizer/*"))  # nothing cached after a failure
 
 
 def test_tokenizer_sentences_balanced():
   long_lines = ["x" * 10] * 100  # 1,000 characters
   short_lines = ["y" * 10] * 20  # 200 characters
-  sentences = text.tokenizer_sentences([["\n".join(long_lines)], ["\n\n".join(short_lines)]], 1000)
+  sentences = spm_tokenizer.tokenizer_sentences([["\n".join(long_lines)], ["\n\n".join(short_lines)]], 1000)
   assert sentences.count("x" * 10) == sentences.count("y" * 10) == 20
   assert sentences[:4] == ["x" * 10, "y" * 10, "x" * 10, "y" * 10]  # interleaved
 
@@ -268,7 +268,7 @@ def test_text_stats(sp):
   docs = ["Grüße 🙂", "abc"]
   stats = corpus.text_stats(docs, sp)
   assert (stats.documents, stats.chars, stats.bytes) == (2, 7 + 3, 6 + 1 + 1 + 4 + 3)
-  assert stats.tokens == sum(len(text.encode(sp, d)) for d in docs)
+  assert stats.tokens == sum(len(spm_tokenizer.encode(sp, d)) for d in docs)
   assert corpus.text_stats(iter(docs)).tokens is None
 
 
@@ -352,19 +352,19 @@ def test_pack_split_to_npy_end_to_end(corpora, sp, tmp_path):
   assert features["loss_mask"].sum() == stats.tokens + stats.documents
   # Undo the packing: drop the overlap token of each row, split at bos, decode each document.
   stream = np.concatenate([tokens[0], *(row[1:] for row in tokens[1:])])
-  documents = np.split(stream, np.flatnonzero(stream == text.BOS_ID))[1:]
-  assert [text.decode(sp, d) for d in documents] == held_out
+  documents = np.split(stream, np.flatnonzero(stream == spm_tokenizer.BOS_ID))[1:]
+  assert [spm_tokenizer.decode(sp, d) for d in documents] == held_out
 
 
 def _random_rows(n, t, seed):
   tokens = np.random.default_rng(seed).integers(4, 50, (n, t)).astype(np.int32)
-  tokens[:, 0] = text.BOS_ID
+  tokens[:, 0] = spm_tokenizer.BOS_ID
   return tokens
 
 
 def test_row_views_and_counts():
   a, b = _random_rows(3, 9, seed=5), _random_rows(4, 9, seed=6)
-  a[2, 4:] = text.PAD_ID
+  a[2, 4:] = spm_tokenizer.PAD_ID
   view = packing.RowConcat([a, b])
   both = np.concatenate([a, b])
   idx = np.asarray([6, 0, 2, 3, 2])
@@ -374,7 +374,7 @@ def test_row_views_and_counts():
                                 packing.row_features(both[idx])["loss_mask"])
   counts = packing.packed_counts(both, chunk=2)
   assert counts["targets"] == packing.row_features(both)["loss_mask"].sum()
-  assert counts["documents"] == 1 + (both[:, 1:] == text.BOS_ID).sum()
+  assert counts["documents"] == 1 + (both[:, 1:] == spm_tokenizer.BOS_ID).sum()
 
 
 # -------------------------------------------------------------------------------- grain
@@ -446,6 +446,6 @@ def test_proxy_corpora_on_shared_data(tmp_path):
            for s in specs.values()]
   en, ru = (corpus.take_documents(corpus.iter_documents(s), 2) for s in small)
   assert "the" in en[0].split() and any("\u0400" <= c <= "\u04ff" for c in ru[0])  # Cyrillic
-  sp = text.train_or_load_tokenizer(str(tmp_path), small, vocab_size=500)
+  sp = spm_tokenizer.train_or_load_tokenizer(str(tmp_path), small, vocab_size=500)
   for doc in en + ru:
-    assert text.decode(sp, text.encode(sp, doc)) == doc
+    assert spm_tokenizer.decode(sp, spm_tokenizer.encode(sp, doc)) == doc

@@ -13,7 +13,7 @@ from xlt import lm
 from xlt import model as model_lib
 from xlt import runner, sharding
 from xlt.experiments import text as tt
-from xlt.data import text
+from xlt.data import spm_tokenizer
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
@@ -37,7 +37,7 @@ def params():
 
 def rows(n=5, t=13, seed=0):
   tokens = np.random.default_rng(seed).integers(4, CFG.vocab_size, (n, t)).astype(np.int32)
-  tokens[:, 0] = text.BOS_ID
+  tokens[:, 0] = spm_tokenizer.BOS_ID
   return tokens
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from xlt import distributed
-from xlt.merge import fileio
+from xlt.io import fileio
 
 
 def manager(directory: str, max_to_keep: int = 2) -> ocp.CheckpointManager:

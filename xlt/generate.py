@@ -52,7 +52,7 @@ from xlt import hf_tokenizer
 from xlt import lm
 from xlt import sharding
 from xlt.data import sft
-from xlt.merge import fileio
+from xlt.io import fileio
 
 # Padded prompt lengths are rounded to this, so a run over prompts of many lengths compiles a
 # few programs, not one per length (left padding changes no value: xlt.decode).

@@ -27,7 +27,7 @@ import json
 import os
 import re
 
-from xlt.merge import fileio
+from xlt.io import fileio
 
 # A tokenizer.json of a 256k vocabulary (Gemma) is ~33 MB; configs and templates are KBs
 # (a config listing every added token, ~1 MB). Anything far larger is not a tokenizer.

@@ -2,7 +2,7 @@
 causal attention, the activations, norms and MLPs.
 
 Besides GPT-2's choices (LayerNorm, GELU MLP) they cover what Hugging Face decoders compute
-(docs: /work/shared/HF_MODELS.md's facts, summarised where each is used): RMSNorm and Gemma's
+(docs/families.md lists the facts; each is summarised where it is used): RMSNorm and Gemma's
 (1 + w) RMSNorm, gated MLPs (SwiGLU, tanh-GeGLU), llama3 rope scaling, soft-capped scores.
 Functions take the model's Config (duck-typed: this module does not import xlt.model).
 

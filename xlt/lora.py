@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xlt import model as model_lib
-from xlt.merge import files
+from xlt.io import tensor_files
 from xlt.paths import XLT, path_names, path_str
 
 KINDS = ("attn", "mlp")  # every kernel of these: attn/{qkv | q, k, v; proj}, mlp/{fc | gate, up; proj}
@@ -218,11 +218,11 @@ def labels(adapters, kernel_labels):
 
 def save(adapters, file: str) -> None:
   """The adapters alone as a safetensors file ("block_0/attn/qkv/kernel/a", ..., "scale")."""
-  files.save(jax.tree.map(np.asarray, adapters), file, {"format": "xlt-lora"})
+  tensor_files.save(jax.tree.map(np.asarray, adapters), file, {"format": "xlt-lora"})
 
 
 def load(file: str) -> dict:
-  return files.load(file, lazy=False, nested=True)
+  return tensor_files.load(file, lazy=False, nested=True)
 
 
 def num_params(adapters) -> int:

@@ -1,6 +1,6 @@
 """Runs an experiment from a config file.
 
-  python -m xlt.main --config=configs/graph.py --workdir=/tmp/graph \
+  python -m xlt.main --config=configs/graph.py --workdir=runs/graph \
       [--config.mixture.target_samples=512 ...]
 
 XLA:CPU spends much of a small model's step in malloc, so the process first re-executes
@@ -23,6 +23,7 @@ on stderr and exit status 2, so cluster scripts can tell them apart from a crash
 """
 
 import difflib
+import importlib
 import os
 import re
 import sys
@@ -30,7 +31,9 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+import xlt
 from xlt import allocator, cpu_devices, workers
+from xlt.io import config_files
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, metrics and results go")
@@ -76,9 +79,13 @@ def _user_error(message: str):
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing (app.run's flags_parser), with its errors as user errors: an unknown
   config field (named with the nearest one), a bad value, a missing config file."""
+  argv = _installed_config(argv)
   spec = _config_spec(argv)
   folder = os.path.dirname(os.path.abspath(spec.split(":", 1)[0])) if spec else None
-  if folder and os.path.isfile(os.path.join(folder, "__init__.py")):
+  if folder and folder == os.path.join(os.path.dirname(os.path.abspath(xlt.__file__)), "configs"):
+    # the configs an installed xlt ships as xlt.configs, imported as they name themselves
+    sys.modules.setdefault("configs", importlib.import_module("xlt.configs"))
+  elif folder and os.path.isfile(os.path.join(folder, "__init__.py")):
     # configs/*.py import their package (`from configs import common`): found from any cwd
     sys.path.insert(0, os.path.dirname(folder))
   try:
@@ -110,6 +117,29 @@ def _flag_error(argv: list[str], error: Exception) -> str:
   if any(line.startswith("Traceback") for line in lines):  # the config file raised: its message, not its class
     return f"{lines[0].removeprefix('flag ').rstrip(':')}: {re.sub(r'^[A-Za-z_.]*(Error|Exception): ', '', lines[-1])}"
   return " ".join(lines).removeprefix("flag ")
+
+
+def _installed_config(argv: list[str]) -> list[str]:
+  """`argv` with a --config=configs/... that the current directory lacks pointed at the configs
+  an installed xlt ships (xlt.io.config_files), so the documented commands run anywhere."""
+  spec = _config_spec(argv)
+  path = spec.split(":", 1)[0] if spec else ""
+  if not path.startswith("configs/") or os.path.exists(path):
+    return argv
+  try:
+    found = config_files.path(path)
+  except FileNotFoundError:
+    return argv  # the missing file is reported as it was given
+  out = list(argv)
+  for i, a in enumerate(argv):
+    name, eq, value = a.lstrip("-").partition("=")
+    if a.startswith("-") and name == "config":
+      if eq:
+        out[i] = a[: len(a) - len(value)] + found + spec[len(path):]
+      else:
+        out[i + 1] = found + spec[len(path):]
+      break
+  return out
 
 
 def _config_spec(argv: list[str]) -> str | None:

@@ -4,11 +4,12 @@ safetensors, one file or shards) into xlt's decoder (xlt.model), `save` writes o
   cfg, params = pretrained.load("path/to/Llama-3.2-1B", mesh=mesh)
   pretrained.save(cfg, params, "out", source_dir="path/to/Llama-3.2-1B")
 
-Families: llama (2, 3.x with llama3 rope scaling), mistral, qwen2, qwen3, gemma, gemma2, gpt2.
-What each computes, and so which model.Config options it maps to, is in
-/work/shared/HF_MODELS.md; the logits equal transformers' (tests/test_pretrained.py).
+Families: llama (2, 3.x with llama3 rope scaling), mistral, qwen2, qwen3, gemma, gemma2, gpt2, starcoder2,
+one record each in xlt.families (config.json both ways, weight table, detection). What each
+computes, and so which model.Config options it maps to, is in docs/families.md; the logits
+equal transformers' (tests/test_pretrained.py).
 
-Each family is a table {xlt path: _Map}: the Hugging Face tensor(s) behind one xlt leaf and
+Each family's table is {xlt path: Map}: the Hugging Face tensor(s) behind one xlt leaf and
 their layout. torch's Linear weights are [out, in] and become xlt's [in, out...] kernels
 (transposed, then the out axis split into heads); GPT-2's Conv1D weights are already [in, out];
 q, k and v stack into xlt's fused qkv kernel [D, 3, H, K] when there are as many key/value heads
@@ -33,159 +34,43 @@ from xlt import hf_sizes
 from xlt import model
 from xlt import paths
 from xlt import sharding
-from xlt.merge import hf as hf_dir
+from xlt.families import BY_NAME, Map, of_config, of_config_json
+from xlt.io import hf_dir
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gpt2")
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                 "gpt2": "GPT2LMHeadModel"}
+FAMILIES = tuple(BY_NAME)  # xlt.families' records, in detection order
+ARCHITECTURES = {name: f.architecture for name, f in BY_NAME.items()}
 DTYPES = ("float32", "bfloat16", "float16")
-_TIED = {"gemma": True, "gemma2": True, "gpt2": True}  # tie_word_embeddings' default per family
-_HEAD_DIM = {"qwen3": 128, "gemma": 256, "gemma2": 256}  # head_dim's default where not hidden / heads
-_TANH_GELU = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
-_LLAMA3 = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 # buffers some checkpoints carry that are not parameters (rotary tables, GPT-2's causal mask)
 _BUFFERS = re.compile(r"(rotary_emb\.inv_freq|attn\.bias|attn\.masked_bias)$")
 
 
 def family_of(hf: dict) -> str:
   """The family of a config.json: its model_type, else its architecture."""
-  archs = hf.get("architectures") or []
-  known = {a: f for f, a in ARCHITECTURES.items()}
-  family = hf.get("model_type") if hf.get("model_type") in FAMILIES else next(
-      (known[a] for a in archs if a in known), None)
-  if family is None or (archs and not any(a in known for a in archs)):
-    raise ValueError(f"unknown model_type {hf.get('model_type')!r} / architectures {archs}: xlt.pretrained knows "
-                     f"{', '.join(f'{f} ({ARCHITECTURES[f]})' for f in FAMILIES)}")
-  return family
-
-
-def _rope(hf: dict) -> tuple[float, dict]:
-  """(rope_theta, llama3 scaling or {}) from transformers 5's rope_parameters or 4's
-  rope_theta + rope_scaling (whose rope_type may be spelt `type`)."""
-  params = hf.get("rope_parameters") or {}
-  theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
-  scaling = params if params.get("rope_type", "default") != "default" else (hf.get("rope_scaling") or {})
-  kind = scaling.get("rope_type", scaling.get("type", "default"))
-  if kind == "default":
-    return theta, {}
-  if kind != "llama3":
-    raise ValueError(f"rope_type {kind!r} is not supported: xlt.pretrained knows default and llama3")
-  return theta, {"rope_type": "llama3", **{k: scaling[k] for k in _LLAMA3}}
-
-
-def _window(hf: dict, family: str, layers: int) -> tuple[int, tuple[int, ...] | None]:
-  """(sliding window, layers it applies to, None = all) as transformers applies them."""
-  window = hf.get("sliding_window") or 0
-  types = hf.get("layer_types")
-  if not window or family in ("llama", "gemma") or (family.startswith("qwen") and not hf.get("use_sliding_window")):
-    return 0, None
-  if family == "mistral":  # every layer, whatever layer_types says
-    return window, None
-  if types:
-    local = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
-  elif family == "gemma2":
-    local = tuple(range(0, layers, 2))
-  else:
-    local = tuple(range(hf.get("max_window_layers", layers), layers))
-  return (window, local) if local else (0, None)
+  return of_config_json(hf).name
 
 
 def config_from_hf(hf: dict, *, dtype: str | None = None) -> model.Config:
   """The model.Config of a Hugging Face config.json (dict). `dtype` (compute and parameter
   dtype) defaults to the config's own, else float32."""
-  family = family_of(hf)
+  family = of_config_json(hf)
   dtype = str(dtype or hf.get("dtype") or hf.get("torch_dtype") or "float32")
   if dtype not in DTYPES:
     raise ValueError(f"dtype {dtype!r} is not supported: xlt.pretrained loads {', '.join(DTYPES)}")
-  tied = bool(hf.get("tie_word_embeddings", _TIED.get(family, False)))
-  if family == "gpt2":
-    return _gpt2_config(hf, dtype, tied)
-  heads, d, layers = hf["num_attention_heads"], hf["hidden_size"], hf["num_hidden_layers"]
-  act = hf.get("hidden_activation") if family == "gemma2" and hf.get("hidden_activation") else hf.get("hidden_act")
-  if act not in ("silu",) + _TANH_GELU:
-    raise ValueError(f"{family} hidden activation {act!r} is not supported: xlt knows silu and tanh-GELU")
-  attn_bias, mlp_bias = bool(hf.get("attention_bias")), bool(hf.get("mlp_bias"))
-  if attn_bias != (mlp_bias if family == "llama" else False):
-    raise ValueError(f"{family} with attention_bias={attn_bias} and mlp_bias={mlp_bias} is not supported: xlt's "
-                     "dense layers have biases all or none (besides q/k/v)")
-  theta, scaling = _rope(hf)
-  window, local = _window(hf, family, layers)
-  gemma2 = family == "gemma2"
-  return model.Config(
-      vocab_size=hf["vocab_size"], block_size=hf.get("max_position_embeddings", 2048), num_layers=layers,
-      num_heads=heads, d_model=d, mlp_dim=hf["intermediate_size"], num_kv_heads=hf.get("num_key_value_heads") or heads,
-      head_dim=hf.get("head_dim") or _HEAD_DIM.get(family) or d // heads, tie_embeddings=tied,
-      dtype=dtype, param_dtype=dtype, ln_eps=float(hf.get("rms_norm_eps", 1e-6)), pos_embedding="rope",
-      rope_base=theta, rope_scaling=scaling, norm="rmsnorm_plus_one" if family.startswith("gemma") else "rmsnorm",
-      mlp="swiglu" if act == "silu" else "geglu", bias=attn_bias, qkv_bias=True if family == "qwen2" else None,
-      qk_norm=family == "qwen3", post_norms=gemma2, embed_scale=family.startswith("gemma"),
-      attn_logit_softcap=hf.get("attn_logit_softcapping") if gemma2 else None,
-      final_logit_softcap=hf.get("final_logit_softcapping") if gemma2 else None,
-      sliding_window=window, sliding_layers=local,
-      query_pre_attn_scalar=hf.get("query_pre_attn_scalar") if gemma2 else None)
-
-
-def _gpt2_config(hf: dict, dtype: str, tied: bool) -> model.Config:
-  act = hf.get("activation_function", "gelu_new")
-  if act not in _TANH_GELU or hf.get("scale_attn_by_inverse_layer_idx") or not hf.get("scale_attn_weights", True):
-    raise ValueError(f"gpt2 with activation_function={act!r}, scale_attn_by_inverse_layer_idx="
-                     f"{hf.get('scale_attn_by_inverse_layer_idx')}, scale_attn_weights="
-                     f"{hf.get('scale_attn_weights', True)} is not supported (xlt: tanh-GELU, head_dim ** -0.5)")
-  d = hf["n_embd"]
-  return model.Config(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], num_layers=hf["n_layer"],
-                      num_heads=hf["n_head"], d_model=d, mlp_dim=hf.get("n_inner") or 4 * d, tie_embeddings=tied,
-                      dtype=dtype, param_dtype=dtype, ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)))
+  return family.from_hf(hf, dtype, bool(hf.get("tie_word_embeddings", family.tied)))
 
 
 def guess_family(cfg: model.Config) -> str:
   """The family whose config.json describes `cfg`, for a model with no Hugging Face config."""
-  if cfg.pos_embedding == "learned":
-    return "gpt2"
-  if cfg.post_norms or cfg.attn_logit_softcap or cfg.final_logit_softcap or cfg.query_pre_attn_scalar:
-    return "gemma2"
-  if cfg.norm == "rmsnorm_plus_one":
-    return "gemma"
-  if cfg.qk_norm:
-    return "qwen3"
-  if cfg.qkv_bias and not cfg.bias:
-    return "qwen2"
-  return "mistral" if cfg.sliding_window and cfg.sliding_layers is None else "llama"
+  return of_config(cfg).name
 
 
 def config_to_hf(cfg: model.Config, family: str, base: dict | None = None) -> dict:
   """A config.json (dict) for `cfg` as a `family` model: `base`'s entries (token ids, ...)
-  with every entry that decides the computation set from `cfg`. RoPE settings are written in
-  both spellings, 5.x's rope_parameters and 4.x's rope_theta + rope_scaling: each version
-  ignores the other's."""
-  out = dict(base or {}, model_type=family, architectures=[ARCHITECTURES[family]], vocab_size=cfg.vocab_size,
+  with every entry that decides the computation set from `cfg` (the family's `to_hf`)."""
+  record = BY_NAME[family]
+  out = dict(base or {}, model_type=family, architectures=[record.architecture], vocab_size=cfg.vocab_size,
              tie_word_embeddings=cfg.tie_embeddings, dtype=cfg.param_dtype)
-  if family == "gpt2":
-    return out | dict(n_embd=cfg.d_model, n_head=cfg.num_heads, n_layer=cfg.num_layers, n_positions=cfg.block_size,
-                      n_inner=cfg.mlp_width, layer_norm_epsilon=cfg.ln_eps, activation_function="gelu_new",
-                      scale_attn_by_inverse_layer_idx=False, scale_attn_weights=True)
-  scaling = dict(cfg.rope_scaling)
-  out |= dict(hidden_size=cfg.d_model, intermediate_size=cfg.mlp_width, num_hidden_layers=cfg.num_layers,
-              num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_width,
-              max_position_embeddings=cfg.block_size, rms_norm_eps=cfg.ln_eps,
-              hidden_act="silu" if cfg.mlp == "swiglu" else "gelu_pytorch_tanh",
-              rope_theta=cfg.rope_base, rope_scaling=scaling or None,
-              rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_base} | scaling)
-  if family == "llama":
-    out |= dict(attention_bias=cfg.bias, mlp_bias=cfg.bias)
-  if family in ("qwen3", "gemma", "gemma2"):
-    out |= dict(attention_bias=cfg.bias)
-  if family.startswith("qwen"):
-    out |= dict(use_sliding_window=bool(cfg.sliding_window), sliding_window=cfg.sliding_window or None)
-  if family == "mistral":
-    out |= dict(sliding_window=cfg.sliding_window or None)
-  if family == "gemma2":
-    out |= dict(hidden_activation=out["hidden_act"], query_pre_attn_scalar=cfg.query_pre_attn_scalar,
-                attn_logit_softcapping=cfg.attn_logit_softcap, final_logit_softcapping=cfg.final_logit_softcap)
-  if family in ("gemma2", "qwen2", "qwen3"):
-    out |= dict(sliding_window=cfg.sliding_window or None, layer_types=[
-        "sliding_attention" if cfg.window(i) else "full_attention" for i in range(cfg.num_layers)])
-  return out
+  return out | record.to_hf(cfg)
 
 
 def _normal(cfg: model.Config) -> model.Config:
@@ -198,70 +83,19 @@ def _normal(cfg: model.Config) -> model.Config:
       sliding_layers=local or None, rope_base=cfg.rope_base if cfg.pos_embedding == "rope" else 10000.0)
 
 
-# ---- the tables: {xlt path: _Map}
-
-
-@dataclasses.dataclass(frozen=True)
-class _Map:
-  """Hugging Face tensor(s) `names` behind one xlt leaf. layout: "copy" (same shape),
-  "linear" (torch [out, in]: xlt's kernel transposed, its `num_in` leading axes and the
-  rest each flattened), "conv" (GPT-2's Conv1D [in, out]: the same without the transpose);
-  num_in 0 flattens a bias. With several names they stack along xlt's axis `stack`."""
-  names: tuple[str, ...]
-  layout: str = "copy"
-  num_in: int = 1
-  stack: int | None = None
-
-
-def _llama_table(cfg: model.Config, family: str) -> dict:
-  t = {("wte", "embedding"): _Map(("model.embed_tokens.weight",)), ("ln_f", "scale"): _Map(("model.norm.weight",)),
-       ("lm_head", "kernel"): _Map(("lm_head.weight",), "linear")}
-  norms = ({"ln_1": "input_layernorm", "ln_1_post": "post_attention_layernorm", "ln_2": "pre_feedforward_layernorm",
-            "ln_2_post": "post_feedforward_layernorm"} if family == "gemma2"
-           else {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm"})
-  for i in range(cfg.num_layers):
-    b, p = f"block_{i}", f"model.layers.{i}."
-    t |= {(b, ln, "scale"): _Map((f"{p}{hf}.weight",)) for ln, hf in norms.items()}
-    for x in "qkv":
-      t[(b, "attn", x, "kernel")] = _Map((f"{p}self_attn.{x}_proj.weight",), "linear")
-      t[(b, "attn", x, "bias")] = _Map((f"{p}self_attn.{x}_proj.bias",), num_in=0)
-    t[(b, "attn", "qkv", "kernel")] = _Map(tuple(f"{p}self_attn.{x}_proj.weight" for x in "qkv"), "linear", stack=1)
-    t[(b, "attn", "qkv", "bias")] = _Map(tuple(f"{p}self_attn.{x}_proj.bias" for x in "qkv"), num_in=0, stack=0)
-    t[(b, "attn", "proj", "kernel")] = _Map((f"{p}self_attn.o_proj.weight",), "linear", num_in=2)
-    t[(b, "attn", "proj", "bias")] = _Map((f"{p}self_attn.o_proj.bias",), num_in=0)
-    t |= {(b, "attn", f"{x}_norm", "scale"): _Map((f"{p}self_attn.{x}_norm.weight",)) for x in "qk"}
-    for x, hf in (("gate", "gate_proj"), ("up", "up_proj"), ("proj", "down_proj")):
-      t[(b, "mlp", x, "kernel")] = _Map((f"{p}mlp.{hf}.weight",), "linear")
-      t[(b, "mlp", x, "bias")] = _Map((f"{p}mlp.{hf}.bias",), num_in=0)
-  return t
-
-
-def _gpt2_table(cfg: model.Config) -> dict:
-  t = {("wte", "embedding"): _Map(("transformer.wte.weight",)), ("wpe",): _Map(("transformer.wpe.weight",)),
-       ("ln_f", "scale"): _Map(("transformer.ln_f.weight",)), ("ln_f", "bias"): _Map(("transformer.ln_f.bias",)),
-       ("lm_head", "kernel"): _Map(("lm_head.weight",), "linear")}
-  for i in range(cfg.num_layers):
-    b, p = f"block_{i}", f"transformer.h.{i}."
-    for ln in ("ln_1", "ln_2"):
-      t |= {(b, ln, "scale"): _Map((f"{p}{ln}.weight",)), (b, ln, "bias"): _Map((f"{p}{ln}.bias",))}
-    # c_attn's 3 * D columns are [q | k | v], each [H, K]: xlt's [3, H, K] as it is
-    for mod, x, hf, num_in in (("attn", "qkv", "attn.c_attn", 1), ("attn", "proj", "attn.c_proj", 2),
-                               ("mlp", "fc", "mlp.c_fc", 1), ("mlp", "proj", "mlp.c_proj", 1)):
-      t[(b, mod, x, "kernel")] = _Map((f"{p}{hf}.weight",), "conv", num_in)
-      t[(b, mod, x, "bias")] = _Map((f"{p}{hf}.bias",), num_in=0)
-  return t
+# ---- the tables: {xlt path: families.Map}
 
 
 def table(cfg: model.Config, family: str, shapes: dict) -> dict:
-  """{xlt path: _Map} for the leaves of `shapes` ({path: shape-like}); every leaf has one."""
-  full = _gpt2_table(cfg) if family == "gpt2" else _llama_table(cfg, family)
+  """{xlt path: Map} for the leaves of `shapes` ({path: shape-like}); every leaf has one."""
+  full = BY_NAME[family].table(cfg)
   missing = [paths.path_str(p) for p in shapes if p not in full]
   if missing:
     raise ValueError(f"xlt parameter {missing[0]} has no {family} tensor: this config is not a {family} model")
   return {p: full[p] for p in shapes}
 
 
-def _hf_shape(m: _Map, shape: tuple[int, ...]) -> tuple[int, ...]:
+def _hf_shape(m: Map, shape: tuple[int, ...]) -> tuple[int, ...]:
   """The shape of each of `m`'s Hugging Face tensors for an xlt leaf of `shape`."""
   if m.stack is not None:
     shape = shape[:m.stack] + shape[m.stack + 1:]
@@ -273,7 +107,7 @@ def _hf_shape(m: _Map, shape: tuple[int, ...]) -> tuple[int, ...]:
   return (cols, rows) if m.layout == "linear" else (rows, cols)
 
 
-def _to_xlt(m: _Map, arrays: list, shape: tuple[int, ...]):
+def _to_xlt(m: Map, arrays: list, shape: tuple[int, ...]):
   """The xlt leaf from its Hugging Face tensors (numpy or jax arrays alike)."""
   if m.stack is not None:
     one = shape[:m.stack] + shape[m.stack + 1:]
@@ -283,14 +117,14 @@ def _to_xlt(m: _Map, arrays: list, shape: tuple[int, ...]):
 
 
 @functools.lru_cache(maxsize=None)
-def _placer(m: _Map, shape: tuple[int, ...], dtype: str, sharding_or_none):
+def _placer(m: Map, shape: tuple[int, ...], dtype: str, sharding_or_none):
   """A compiled function from a leaf's Hugging Face tensors (on the device) to the leaf in its
   dtype and sharding: XLA transposes in blocks, over every core, several times as fast as
   numpy's strided copy. One compilation per kind of leaf: every block shares it."""
   return jax.jit(lambda *hf: _to_xlt(m, list(hf), shape).astype(dtype), out_shardings=sharding_or_none)
 
 
-def _to_hf(m: _Map, x: np.ndarray) -> list[np.ndarray]:
+def _to_hf(m: Map, x: np.ndarray) -> list[np.ndarray]:
   if m.stack is not None:
     one = dataclasses.replace(m, stack=None)
     return [_to_hf(one, np.take(x, i, axis=m.stack))[0] for i in range(len(m.names))]
@@ -372,7 +206,7 @@ def load(path: str, *, mesh=None, rules=None, dtype: str | None = None):
       if tuple(a.shape) != want:
         raise ValueError(f"tensor {n}: expected shape {list(want)} (for xlt's {paths.path_str(leaf)} "
                          f"{list(shapes[leaf])}), found {list(a.shape)}")
-    # each tensor read into an aligned buffer (files.LazyTensor), which device_put on a CPU
+    # each tensor read into an aligned buffer (tensor_files.LazyTensor), which device_put on a CPU
     # takes without a copy; the placer's output is the leaf's only other copy
     where = flat_shardings[leaf] if mesh is not None else None
     if m.stack is None and not (m.layout == "linear" and m.num_in) and arrays[0].dtype == cfg.param_dtype:
@@ -399,7 +233,7 @@ class _HfTensor:
   """One Hugging Face tensor of an xlt leaf, computed when written (np.asarray), so a save
   holds one leaf on the host at a time."""
 
-  def __init__(self, m: _Map, leaf, index: int, shape: tuple[int, ...]):
+  def __init__(self, m: Map, leaf, index: int, shape: tuple[int, ...]):
     self.m, self.leaf, self.index, self.shape = m, leaf, index, shape
     self.dtype = np.dtype(leaf.dtype)
 
@@ -426,7 +260,7 @@ def hf_tensors(cfg: model.Config, params, family: str) -> dict:
 def save(cfg: model.Config, params, out_dir: str, *, hf_config: dict | None = None, source_dir: str | None = None,
          max_shard_bytes: int | str = hf_dir.DEFAULT_MAX_SHARD_BYTES, dtype: str | None = None,
          card: dict | None = None) -> dict:
-  """Writes xlt params as a Hugging Face model directory (xlt.merge.hf.write_model_dir: the
+  """Writes xlt params as a Hugging Face model directory (xlt.io.hf_dir.write_model_dir: the
   weights in format pt, one file or shards + index, config.json, a card); returns its summary.
 
   hf_config / source_dir: the config.json to start from (token ids, ...): the given dict, else

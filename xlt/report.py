@@ -26,7 +26,8 @@ summary.json (a grid's: each point's), `git rev-parse --short HEAD`, today's dat
 this machine (CPU model, cores, AVX-512 or not). An existing results/<name>.json keeps its
 references, labels and summary flags by key, and its measurements that this run does not
 replace (each keeps the commit and date it was measured at). The standard library only: the
-render and the check import nothing heavy.
+render and the check import nothing heavy. results/ and docs/ are the checkout's beside the
+package, or, for an installed xlt, the current directory's.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the checkout whose results/ and docs/ these are: the one beside the package, else (an installed
+# xlt, with no results/ beside it) the current directory, a checkout of the repository
+_BESIDE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = _BESIDE if os.path.isdir(os.path.join(_BESIDE, "results")) else os.getcwd()
 RESULTS_DIR = os.path.join(ROOT, "results")
 DOC = os.path.join(ROOT, "docs", "results.md")
 # the headline metric of each task (a row's `task`), and the metrics that are fractions (shown in %)
@@ -54,7 +58,7 @@ class UserError(Exception):
 
 
 def _write_text(path: str, text: str):
-  from xlt.merge import fileio  # only when writing: --check needs no numpy or jax
+  from xlt.io import fileio  # only when writing: --check needs no numpy or jax
 
   fileio.write_text(path, text)
 

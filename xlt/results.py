@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from xlt import distributed
-from xlt.merge import fileio
+from xlt.io import fileio
 
 FIELDS = ("experiment", "task", "language", "role", "condition", "metric", "mean", "std", "seeds",
           "samples", "values")

@@ -6,7 +6,7 @@ Table 4 of the language-mixing paper trains GPT models on TinyStories English (h
 and its Czech translation (low-resource) and reports perplexity. Its rows: English only; Czech
 only, limited (10% of the Czech corpus); Czech only, full; mixed (limited Czech + English).
 The full corpora are ~2 GB each, so documents stream and are never all in memory. The way from
-here to training batches (tokenizer `xlt.data.text`, rows `xlt.data.packing`) is drawn in
+here to training batches (tokenizer `xlt.data.spm_tokenizer`, rows `xlt.data.packing`) is drawn in
 `xlt.data.packing`'s docstring.
 
 Loading. `CorpusSpec(path, format, ...)` is plain fields, so an ml_collections config can hold

@@ -6,12 +6,12 @@ Every step streams, because the full corpora are ~2 GB each:
 
   CorpusSpec --corpus.iter_documents--> documents (str), in file order
     --corpus.iter_split(docs, "train" | "limited" | "held_out", SplitSpec)--> one split's documents
-    --text.encode_documents(sp, docs)--> token ids per document
+    --spm_tokenizer.encode_documents(sp, docs)--> token ids per document
     --pack_documents--> rows {"tokens", "segment_ids", "loss_mask"} of block_size + 1 tokens
     --packed_arrays (N rows in memory) | pack_split_to_npy (all rows, once, on disk)
     --grain_dataset--> shuffled, repeated (reshuffled per epoch), batched grain.MapDataset
 
-For the full corpora: `text.train_or_load_tokenizer` once, then `pack_split_to_npy` per
+For the full corpora: `spm_tokenizer.train_or_load_tokenizer` once, then `pack_split_to_npy` per
 (corpus, split) — one streaming tokenize+pack pass that writes an int32 [N, block_size + 1]
 .npy — then `grain_dataset(open_packed_tokens(path), ...)` reads batches by random access from
 the memmap. The arrays also fit `xlt.data.pipeline.member_batches` (tokens [N, T], loss_mask
@@ -50,9 +50,9 @@ import grain
 import numpy as np
 import sentencepiece as spm
 
-from xlt.merge import fileio
+from xlt.io import fileio
 from xlt.data import corpus
-from xlt.data import text
+from xlt.data import spm_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ log = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------ packing
 
 
-def row_features(tokens: np.ndarray, bos_id: int = text.BOS_ID,
-                 pad_id: int = text.PAD_ID) -> dict[str, np.ndarray]:
+def row_features(tokens: np.ndarray, bos_id: int = spm_tokenizer.BOS_ID,
+                 pad_id: int = spm_tokenizer.PAD_ID) -> dict[str, np.ndarray]:
   """{"tokens", "segment_ids", "loss_mask"} of packed rows [..., block+1] (see module doc)."""
   tokens = np.asarray(tokens, np.int32)
   is_bos = tokens == bos_id
@@ -74,8 +74,8 @@ def row_features(tokens: np.ndarray, bos_id: int = text.BOS_ID,
 
 
 def pack_documents(token_documents: Iterable[Sequence[int]], *, block_size: int,
-                   bos_id: int = text.BOS_ID, eos_id: int = text.EOS_ID,
-                   pad_id: int = text.PAD_ID,
+                   bos_id: int = spm_tokenizer.BOS_ID, eos_id: int = spm_tokenizer.EOS_ID,
+                   pad_id: int = spm_tokenizer.PAD_ID,
                    pad_last: bool = True) -> Iterator[dict[str, np.ndarray]]:
   """Streams packed rows of block_size + 1 tokens, stride block_size (see module doc).
 
@@ -173,7 +173,7 @@ def pack_split_to_npy(workdir: str, spec: corpus.CorpusSpec, split_name: str,
   path = os.path.join(workdir, "packed", f"{name}_{split_name}_{key}.npy")
   if not os.path.isfile(path):
     documents = corpus.iter_split(corpus.iter_documents(spec), split_name, split)
-    rows = pack_documents(text.encode_documents(sp, documents), block_size=block_size,
+    rows = pack_documents(spm_tokenizer.encode_documents(sp, documents), block_size=block_size,
                           bos_id=sp.bos_id(), eos_id=sp.eos_id(), pad_id=sp.pad_id())
     n_rows = write_packed_tokens(path, rows)
     log.info("packed %s %s: %d rows of %d tokens -> %s", name, split_name, n_rows,
@@ -197,8 +197,8 @@ def _gather_rows(token_arrays: Sequence[np.ndarray], offsets: np.ndarray, indice
 
 def grain_dataset(tokens: np.ndarray | Sequence[np.ndarray], *, batch_size: int, seed: int,
                   num_epochs: int | None = None, shuffle: bool = True,
-                  drop_remainder: bool = True, bos_id: int = text.BOS_ID,
-                  pad_id: int = text.PAD_ID) -> grain.MapDataset:
+                  drop_remainder: bool = True, bos_id: int = spm_tokenizer.BOS_ID,
+                  pad_id: int = spm_tokenizer.PAD_ID) -> grain.MapDataset:
   """Batches {"tokens", "segment_ids", "loss_mask"} [B, ...] of packed token rows.
 
   tokens: [N, block+1] rows (in memory, or `open_packed_tokens` memmaps), or several such
@@ -282,6 +282,6 @@ def packed_counts(tokens, chunk: int = 65536) -> dict[str, int]:
   for start in range(0, len(tokens), chunk):
     rows = np.asarray(tokens[start:start + chunk])
     # Consecutive rows share one token: count position 0 of the very first row only.
-    docs += int((rows[:, 1:] == text.BOS_ID).sum()) + int(start == 0 and rows[0, 0] == text.BOS_ID)
+    docs += int((rows[:, 1:] == spm_tokenizer.BOS_ID).sum()) + int(start == 0 and rows[0, 0] == spm_tokenizer.BOS_ID)
     targets += int(row_features(rows)["loss_mask"].sum())
   return {"documents": docs, "targets": targets}

@@ -71,7 +71,7 @@ from typing import Sequence
 
 import numpy as np
 
-from xlt.merge import fileio
+from xlt.io import fileio
 
 # A jsonl far above this is not meant to be read into memory in one go; pass max_bytes to
 # read one anyway.

@@ -45,7 +45,7 @@ from xlt import model as model_lib
 from xlt import results as results_lib
 from xlt.data import addition, arithmetic, sft
 from xlt.experiments import common as kind_lib
-from xlt.merge import fileio
+from xlt.io import fileio
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)

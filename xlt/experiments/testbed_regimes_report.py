@@ -19,7 +19,7 @@ import numpy as np
 
 from xlt import stats
 from xlt.experiments import testbed_report
-from xlt.merge import fileio
+from xlt.io import fileio
 
 STYLES = ("-", "--", ":", "-.")
 

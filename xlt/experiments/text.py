@@ -9,7 +9,7 @@ Four conditions (`c.conditions`), each trained for `c.num_seeds` seeds (or
   low_full     all low-resource train documents                  (Czech only, full)
   mixed        limited low-resource + all high-resource          (mixed)
 
-Data (`get_task`; corpora and splits `xlt.data.corpus`, tokenizer `xlt.data.text`, rows
+Data (`get_task`; corpora and splits `xlt.data.corpus`, tokenizer `xlt.data.spm_tokenizer`, rows
 `xlt.data.packing`): one sentencepiece BPE over both languages' train splits, cached in the
 workdir; each split packed once to workdir/packed/*.npy (rows of block_size + 1 tokens) and
 memory-mapped, so the full corpora never sit in memory; the loss mask is derived from the tokens
@@ -62,7 +62,7 @@ from xlt import model as model_lib
 from xlt import results as results_lib
 from xlt.data import corpus
 from xlt.data import packing
-from xlt.data import text
+from xlt.data import spm_tokenizer
 from xlt.experiments import common as kind_lib
 
 CONDITIONS = ("high_only", "low_limited", "low_full", "mixed")
@@ -103,8 +103,8 @@ def corpus_specs(c) -> dict[str, corpus.CorpusSpec]:
       if not shared:
         raise ValueError(
             f"config.data.{role}.path is not set: point it at the {role}-resource corpus, e.g. "
-            f"--config.data.high.path=/data/tinystories_en.txt "
-            f"--config.data.low.path=/data/tinystories_cs.txt")
+            f"--config.data.high.path=data/tinystories_en.txt "
+            f"--config.data.low.path=data/tinystories_cs.txt")
       proxy = corpus.proxy_corpora(_resolve_shared_dir(shared))
       fields["path"] = proxy[f"{role}_resource"].path
     spec = corpus.CorpusSpec(**fields)
@@ -141,7 +141,7 @@ def held_out_rows(spec, split, sp, block_size, num_val: int, max_test: int):
   out = {}
   for name, d in (("val", val_docs), ("test", test_docs)):
     rows = packing.packed_arrays(packing.pack_documents(
-        text.encode_documents(sp, d), block_size=block_size, bos_id=sp.bos_id(),
+        spm_tokenizer.encode_documents(sp, d), block_size=block_size, bos_id=sp.bos_id(),
         eos_id=sp.eos_id(), pad_id=sp.pad_id()))
     out[name] = {"tokens": rows["tokens"], "loss_mask": rows["loss_mask"]}
   stats = corpus.text_stats(test_docs, sp)
@@ -183,7 +183,7 @@ def write_samples(path, c, cfg, params, sp, names, member_ids, prompts, specs):
   for name, i in zip(names, member_ids):
     one = jax.tree.map(lambda x, i=i: x[i], host)
     for role in ROLES:
-      encoded = [[sp.bos_id()] + text.encode(sp, p) for p in prompts[role]]
+      encoded = [[sp.bos_id()] + spm_tokenizer.encode(sp, p) for p in prompts[role]]
       by_len = {}
       for k, ids in enumerate(encoded):
         by_len.setdefault(len(ids), []).append(k)
@@ -198,7 +198,7 @@ def write_samples(path, c, cfg, params, sp, names, member_ids, prompts, specs):
         for k, row in zip(ks, toks):
           gen = row[plen:].tolist()
           gen = gen[: gen.index(sp.eos_id())] if sp.eos_id() in gen else gen
-          outs[k] = text.decode(sp, encoded[k][1:] + gen)
+          outs[k] = spm_tokenizer.decode(sp, encoded[k][1:] + gen)
       for p, o in zip(prompts[role], outs):
         lines.append(f"== {name} | {language(specs, role)} | prompt: {p!r}\n{o}\n")
   results_lib.atomic_write(path, "\n".join(lines))
@@ -293,7 +293,7 @@ def get_task(c, workdir: str, conditions: list[str]) -> TextTask:
   specs = corpus_specs(c)
   split = split_spec(c)
   block = int(c.model.block_size)
-  sp = text.train_or_load_tokenizer(
+  sp = spm_tokenizer.train_or_load_tokenizer(
       workdir, [specs["high"], specs["low"]], vocab_size=c.tokenizer.vocab_size, split=split,
       max_sentences_per_language=c.tokenizer.max_sentences_per_language)
 

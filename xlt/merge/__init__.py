@@ -32,7 +32,7 @@ from xlt.merge.analysis import default_threshold, plot_row_change, row_change
 from xlt.merge.combine import dare, magnitude_weights, soup, sparsify_rows, task_arithmetic, ties
 from xlt.merge.core import check_compatible, delta, mean_abs_rows
 from xlt.merge.maet import maet
-from xlt.merge.files import load, save
+from xlt.io.tensor_files import load, save
 from xlt.merge.tool import merge_files
 from xlt.merge import registry
 from xlt.merge.registry import METHODS, Method, describe, merge

@@ -38,10 +38,13 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from xlt.merge import fileio, from_mergekit, hf, registry, tool
+from xlt.io import config_files, fileio
+from xlt.io import hf_dir as hf
+from xlt.merge import from_mergekit, registry, tool
 
-# the config a mergekit YAML is laid over (so --config.output=... works beside it)
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "merge_files.py")
+# the config a mergekit YAML is laid over (so --config.output=... works beside it), found in a
+# checkout or in the installed package alike (xlt.io.config_files)
+_DEFAULT_CONFIG = "merge_files.py"
 
 # unlocked, accepting new fields: inputs.<role> and options.<name> are whatever the method
 # takes, checked by the registry; the top-level fields are checked in `merge_config`
@@ -94,7 +97,7 @@ def with_yaml(c, path: str) -> dict:
   """The config of mergekit YAML `path` (from_mergekit.load_yaml) laid over the default config,
   with every field of `c` that differs from the default (the command line's) on top: inputs
   and options key by key."""
-  spec = importlib.util.spec_from_file_location("merge_files_config", _DEFAULT_CONFIG)
+  spec = importlib.util.spec_from_file_location("merge_files_config", config_files.path(_DEFAULT_CONFIG))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   default = module.get_config().to_dict()
@@ -114,11 +117,11 @@ def parse_flags(argv: list[str]) -> list[str]:
   out = []
   for a in argv:
     if a.startswith("--config=") and a.endswith((".yml", ".yaml")):
-      out += ["--config=" + _DEFAULT_CONFIG, "--mergekit_yaml=" + a.split("=", 1)[1]]
+      out += ["--config=" + config_files.path(_DEFAULT_CONFIG), "--mergekit_yaml=" + a.split("=", 1)[1]]
     else:
       out.append(a)
   if any(a.startswith("--mergekit_yaml") for a in out) and not any(a.startswith("--config=") for a in out):
-    out.insert(1, "--config=" + _DEFAULT_CONFIG)
+    out.insert(1, "--config=" + config_files.path(_DEFAULT_CONFIG))
   if any(a in ("--help", "-h", "--helpshort", "-?") for a in out[1:]):
     # the methods are what a user looks for first: before absl's list of flags
     print(__doc__ + "\nMethods (--list_methods prints only these):\n\n" + registry.describe() + "\n")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xlt.merge import fileio
+from xlt.io import fileio
 from xlt.merge import core
 from xlt.paths import XLT, Naming, path_str
 

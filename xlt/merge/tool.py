@@ -1,7 +1,7 @@
 """Merging checkpoint files into a model directory: what `python -m xlt.merge` runs.
 
-Inputs are read lazily (xlt.merge.files), merged by a registry method tensor by tensor, and
-written by xlt.merge.hf as a Hugging Face model directory: when an input is a Hugging Face
+Inputs are read lazily (xlt.io.tensor_files), merged by a registry method tensor by tensor, and
+written by xlt.io.hf_dir as a Hugging Face model directory: when an input is a Hugging Face
 model directory (config.json beside its safetensors), its config and tokenizer files come
 along, so transformers loads the merge as it loads the input; otherwise (xlt's own
 checkpoints, bare .safetensors files) the directory holds the weights and the model card.
@@ -17,8 +17,9 @@ import os
 import numpy as np
 
 from xlt import paths as naming_lib
-from xlt.merge import analysis, hf, registry
-from xlt.merge.files import load
+from xlt.io import hf_dir as hf
+from xlt.io.tensor_files import load
+from xlt.merge import analysis, registry
 
 
 def source_model(inputs: dict, roles: list[str], config_from: str | None = None) -> str | None:
@@ -46,7 +47,7 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
                 max_shard_bytes: int | str = hf.DEFAULT_MAX_SHARD_BYTES, dtype: str | None = None,
                 vocab: str | None = None) -> dict:
   """Merges checkpoint files with one of the registry's methods and writes `output` as a model
-  directory (xlt.merge.hf: model.safetensors or shards with their index, config.json and
+  directory (xlt.io.hf_dir: model.safetensors or shards with their index, config.json and
   tokenizer files from `source_model`, README.md naming inputs, method and options), plus
   delta_<role>.png heatmaps of where each fine-tune changed the base when a base is among the
   inputs; returns a summary dict.

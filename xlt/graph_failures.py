@@ -2,7 +2,7 @@
 and prints per condition and language how many answers fail and why
 (`xlt.data.graph.failure`), and validity by the pair's shortest-path distance.
 
-  python -m xlt.errors --config=configs/graph.py --predictions=runs/graph/predictions.jsonl
+  python -m xlt.graph_failures --config=configs/graph.py --predictions=runs/graph/predictions.jsonl
 
 Pass the same `--config.graph.*` overrides the run had (the graph is rebuilt from them).
 """

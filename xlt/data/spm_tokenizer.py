@@ -30,7 +30,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from xlt.merge import fileio
+from xlt.io import fileio
 from xlt.data import corpus
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ leaves that hidden sibling behind, never a broken `out_dir`; the siblings' names
 writing process's id, so the next write of the same `out_dir` removes those whose process is
 gone (saying so on stderr), and names any it cannot tell are stale (`remove_stale`).
 
-Tensors are written one at a time by `files.save`, so a tree of `files.LazyTensor`s (or any
-leaf that becomes an array on `np.asarray`) is read tensor by tensor: peak memory is about
-one tensor beyond what the caller holds.
+Tensors are written one at a time by `tensor_files.save`, so a tree of
+`tensor_files.LazyTensor`s (or any leaf that becomes an array on `np.asarray`) is read tensor
+by tensor: peak memory is about one tensor beyond what the caller holds.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import sys
 
 import numpy as np
 
-from xlt.merge import core, fileio, files
+from xlt.io import fileio, tensor_files
 
 # Files of a Hugging Face model directory that are not weights or config.json, copied from
 # `source_dir` when present: tokenizers (fast, sentencepiece, GPT-2 BPE), generation defaults
@@ -58,7 +58,7 @@ def write_model_dir(tensors: dict, out_dir: str, *, source_dir: str | None = Non
   """Writes `tensors` as a Hugging Face model directory `out_dir`; returns a summary
   {"dir", "files", "tensors", "total_size"}.
 
-  tensors: flat {Hugging Face name: array}; numpy arrays, `files.LazyTensor`s (read one at a
+  tensors: flat {Hugging Face name: array}; numpy arrays, `tensor_files.LazyTensor`s (read one at a
     time, as they are written) or anything `np.asarray` takes.
   source_dir: the model the tensors come from (an input of the merge): its config.json and
     tokenizer files are copied.
@@ -81,9 +81,9 @@ def write_model_dir(tensors: dict, out_dir: str, *, source_dir: str | None = Non
   max_bytes = _bytes(max_shard_bytes)
   cast = _dtype(dtype) if dtype is not None else None
   if cast is not None:
-    tensors = {k: _Cast(x, cast) if _is_float(core.dtype_of(x)) else x for k, x in tensors.items()}
+    tensors = {k: _Cast(x, cast) if _is_float(tensor_files.dtype_of(x)) else x for k, x in tensors.items()}
   cfg = None if weights_only and source_dir is None and config is None else _config(source_dir, config)
-  floats = {core.dtype_of(x) for x in tensors.values() if _is_float(core.dtype_of(x))}
+  floats = {tensor_files.dtype_of(x) for x in tensors.values() if _is_float(tensor_files.dtype_of(x))}
   if len(floats) == 1 and cfg is not None:  # transformers' dtype="auto" loads in this dtype
     name = floats.pop().name
     keys = [k for k in ("dtype", "torch_dtype") if k in cfg] or ["torch_dtype"]
@@ -107,7 +107,7 @@ def write_model_dir(tensors: dict, out_dir: str, *, source_dir: str | None = Non
 
 
 def read_model_dir(path: str) -> tuple[dict, dict]:
-  """(config dict, {name: files.LazyTensor}) of a Hugging Face model directory: its
+  """(config dict, {name: tensor_files.LazyTensor}) of a Hugging Face model directory: its
   config.json and either model.safetensors or the shards model.safetensors.index.json names.
   Only headers are read; every problem (a missing shard, a truncated file, a tensor named
   twice or missing from its shard) is a one-line error naming the file."""
@@ -146,9 +146,9 @@ def read_model_dir(path: str) -> tuple[dict, dict]:
 
 
 def _load(file: str) -> dict:
-  """files.load of one file, its errors made one line that names the file."""
+  """tensor_files.load of one file, its errors made one line that names the file."""
   try:
-    return files.load(file)
+    return tensor_files.load(file)
   except (ValueError, KeyError, TypeError, struct.error) as e:
     message = (str(e).splitlines() or [type(e).__name__])[0]
     raise ValueError(message if file in message else f"{file}: {message}") from None
@@ -181,7 +181,7 @@ def _write_into(tmp: str, tensors: dict, cfg: dict | None, source_dir: str | Non
   shard_files = [SINGLE] if len(shards) == 1 else [
       f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
   for file, names in zip(shard_files, shards):
-    files.save({k: tensors[k] for k in names}, os.path.join(tmp, file), meta)
+    tensor_files.save({k: tensors[k] for k in names}, os.path.join(tmp, file), meta)
   written += shard_files
   if len(shards) > 1:
     index = {"metadata": {"total_size": int(sum(_nbytes(x) for x in tensors.values()))},
@@ -329,13 +329,13 @@ def _card(card: dict | None, cfg: dict | None, tensors: dict, shard_files: list[
   first = [k for k in ("method", "inputs", "options") if k in card]
   for key in first + [k for k in card if k not in first]:
     lines += _card_item(key, card[key], 0)
-  dtypes = sorted({core.dtype_of(x).name for x in tensors.values()})
+  dtypes = sorted({tensor_files.dtype_of(x).name for x in tensors.values()})
   what = (f"Architecture {cfg.get('architectures', ['?'])[0]} ({cfg['model_type']}); " if cfg is not None else
           "Weights only (no config.json: the inputs were no Hugging Face model); ")
   load = ("load it with `transformers.AutoModelForCausalLM.from_pretrained`" if cfg is not None else
           "read it with `xlt.merge.load`")
   lines += ["", f"{what}{len(tensors)} tensors, {', '.join(dtypes)}, {sum(_nbytes(x) for x in tensors.values()):,} "
-            f"bytes in {len(shard_files)} file(s). Written by `xlt.merge.hf.write_model_dir`; {load}.", ""]
+            f"bytes in {len(shard_files)} file(s). Written by `xlt.io.hf_dir.write_model_dir`; {load}.", ""]
   return "\n".join(lines)
 
 
@@ -410,7 +410,7 @@ def _check_tensors(tensors) -> None:
 
 
 def _nbytes(x) -> int:
-  return int(np.prod(np.shape(x), dtype=np.int64)) * core.dtype_of(x).itemsize
+  return int(np.prod(np.shape(x), dtype=np.int64)) * tensor_files.dtype_of(x).itemsize
 
 
 def _bytes(n: int | str) -> int:
@@ -425,14 +425,14 @@ def _bytes(n: int | str) -> int:
 
 
 def _is_float(dtype: np.dtype) -> bool:
-  return dtype.kind == "f" or dtype in files._BF16.values()  # bfloat16 is kind "V" to numpy
+  return dtype.kind == "f" or dtype in tensor_files._BF16.values()  # bfloat16 is kind "V" to numpy
 
 
 def _dtype(name) -> np.dtype:
   if str(name) in ("bfloat16", "bf16"):
-    if "BF16" not in files._DTYPES:
+    if "BF16" not in tensor_files._DTYPES:
       raise ValueError("dtype bfloat16 needs the ml_dtypes package (installed with jax)")
-    return files._DTYPES["BF16"]
+    return tensor_files._DTYPES["BF16"]
   try:
     dtype = np.dtype(name)
   except TypeError:

@@ -1,7 +1,7 @@
 """Atomic file writes: a file xlt writes is either its old self or complete, never torn; and
 the size check before xlt reads a file a user brought.
 
-Standard library only: it lives in the pure merge library, and every part of xlt uses it.
+Standard library only: it is the bottom of the I/O floor, and every part of xlt uses it.
 """
 
 from __future__ import annotations

@@ -19,10 +19,11 @@ import json
 import os
 import struct
 
+import jax
 import numpy as np
 
 from xlt import paths as naming_lib
-from xlt.merge import core, fileio
+from xlt.io import fileio
 
 try:  # bfloat16 as numpy knows it (a jax dependency)
   import ml_dtypes
@@ -160,14 +161,20 @@ def _nest(flat: dict) -> dict:
   return out
 
 
+def dtype_of(x) -> np.dtype:
+  """A leaf's dtype without copying a device array to the host."""
+  return np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
+
+
 def save(tree, file: str, metadata: dict | None = None) -> None:
   """Writes `tree` (a flat {name: array}, or a nested tree whose paths are joined by "/")
   as one safetensors file, one tensor at a time (a LazyTensor leaf is read just before
   it is written). Written to a temporary file and renamed: `file` is never half written."""
-  leaves = [(naming_lib.path_str(p), x) for p, x in core.leaves_with_paths(tree)]
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  leaves = [(naming_lib.path_str(naming_lib.path_names(p)), x) for p, x in flat]
   header, offset = {}, 0
   for name, x in leaves:
-    dtype = core.dtype_of(x)
+    dtype = dtype_of(x)
     if dtype not in _CODES:
       raise ValueError(f"{name}: dtype {dtype} has no safetensors code")
     nbytes = int(np.prod(np.shape(x), dtype=np.int64)) * dtype.itemsize
