@@ -85,7 +85,7 @@ def main():
   for r in rows:
     print(f"| {r['family']} | {r['requests']} | {r['max_abs_loglikelihood']:.1e} | {r['max_abs_rolling']:.1e} | "
           f"{r['is_greedy_equal']} | {r['generations_equal']}/{r['generations']} | {r['acc']:.2f} / {r['acc_hf']:.2f} |")
-  from xlt.merge import fileio
+  from xlt.io import fileio
 
   fileio.write_text(args.out, json.dumps({"mesh": args.mesh, "rows": rows}, indent=1) + "\n")
 

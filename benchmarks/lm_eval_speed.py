@@ -134,7 +134,7 @@ def main():
   print(f"xlt / hf: {xlt['ll_per_s'] / hf['ll_per_s']:.2f}x loglikelihood, "
         f"{xlt['gen_tokens_per_s'] / hf['gen_tokens_per_s']:.2f}x generation; agreement {agree}")
   if args.out:
-    from xlt.merge import fileio
+    from xlt.io import fileio
 
     fileio.write_text(args.out, json.dumps({"args": vars(args), "rows": rows, "agreement": agree}, indent=1) + "\n")
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from xlt import generate, hf_sizes, pretrained
-from xlt.merge import hf
+from xlt.io import hf_dir as hf
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
 

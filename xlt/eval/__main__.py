@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from xlt.merge import fileio
+from xlt.io import fileio
 
 TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
 

@@ -428,7 +428,7 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
 
 
 def model_card(c, prep: Prep, name: str, steps: dict) -> dict:
-  """What README.md of model `name` records (xlt.merge.hf's card): its base, data, recipe and
+  """What README.md of model `name` records (xlt.io.hf_dir's card): its base, data, recipe and
   steps; a merge of `c.merges` also its method and options (and so the card's "merge" tag)."""
   recipes = {r.name: r for r in prep.recipes}
   by_label = {label: (method, options) for label, method, options in merges(c)}

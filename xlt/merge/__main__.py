@@ -7,7 +7,7 @@ r"""Merges checkpoint files with any method of the registry (xlt/merge/registry.
   python -m xlt.merge --mergekit_yaml=merge.yml --config.output=out   # a mergekit config
   python -m xlt.merge --config=merge.yml --config.output=out          # the same
   python -m xlt.merge ... --evaluate=xlt_mgsm_direct_de,xlt_mgsm_direct_sw \
-    [--evaluate_args="--limit=50 --metadata={\"mgsm_dir\": \"/data/mgsm\"}"]   # then score it
+    [--evaluate_args="--limit=50 --metadata={\"mgsm_dir\": \"data/mgsm\"}"]   # then score it
 
 `inputs` and `options` take any name on the command line; the registry checks them
 against the method. A list input is comma-separated (or a Python list); option values

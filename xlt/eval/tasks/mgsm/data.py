@@ -1,6 +1,6 @@
 """MGSM's files, which the user supplies, as lm-eval's `custom_dataset` for the configs beside
 this file (no download). The folder is the task metadata's `mgsm_dir`
-(`python -m xlt.eval --metadata='{"mgsm_dir": "/data/mgsm"}'`) or $XLT_MGSM_DIR, and holds:
+(`python -m xlt.eval --metadata='{"mgsm_dir": "data/mgsm"}'`) or $XLT_MGSM_DIR, and holds:
 
   mgsm_<lang>.tsv          the 250 test problems: question <TAB> answer number (MGSM's release,
                            github.com/google-research/url-nlp/tree/main/mgsm)
