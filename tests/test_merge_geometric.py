@@ -72,11 +72,11 @@ def max_diff(got: dict, want: dict) -> float:
 
 def test_cases_are_the_fixture_scripts_and_every_method_has_one():
   assert set(CASES) == set(fixture_script().CASES)
-  assert {m for m, _, _ in CASES.values()} == {name for name, *_ in geometric.REGISTER}
-  for name, _, roles, paper, kw in geometric.REGISTER:
-    m = registry.get(name)
-    assert m.paper == paper and [r.name for r in m.roles] == [r.rstrip("+") for r in roles] and not kw
-    assert all(o.help for o in m.options), name
+  declared = [m for m in registry.METHODS.values() if m.fn.__module__ in ("xlt.merge.geometric", "xlt.merge.selective")]
+  assert {m for m, _, _ in CASES.values()} == {m.name for m in declared}
+  for m in declared:
+    assert m.paper and m.mergekit == m.name.removesuffix("_nobase") and not any(o.tree for o in m.options)
+    assert all(o.help for o in m.options), m.name
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

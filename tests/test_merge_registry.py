@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from xlt import merge
-from xlt.merge import core, files, geometric, registry, sparse
+from xlt.merge import core, files, registry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
@@ -27,14 +27,21 @@ def tiny(seed: int, blocks: int = 3) -> dict:
   return tree
 
 
+# the methods declared in the modules of mergekit's kin (tested in tests/test_merge_sparse.py and
+# _geometric.py) and of the subspace and mask methods (tests/test_merge_subspace.py), in order
+MERGEKIT_KIN = [m.name for m in registry.METHODS.values()
+                if m.fn.__module__ in ("xlt.merge.sparse", "xlt.merge.geometric", "xlt.merge.selective")]
+SUBSPACE = [m.name for m in registry.METHODS.values() if m.fn.__module__ == "xlt.merge.subspace"]
+
+
 def leaves(tree) -> dict:
   return {merge.path_str(p): np.asarray(x) for p, x in core.leaves_with_paths(tree)}
 
 
 def test_roles_and_options_are_the_functions_parameters():
-  assert list(registry.METHODS)[:7] == ["layer_swap", "soup", "task_arithmetic", "ties", "dare", "maet",
-                                        "sparsify_rows"]
-  assert list(registry.METHODS)[7:] == [r[0] for r in sparse.REGISTER + geometric.REGISTER]
+  assert list(registry.METHODS)[:7] == ["layer_swap", "soup", "task_arithmetic", "ties", "dare", "sparsify_rows",
+                                        "maet"]
+  assert list(registry.METHODS)[7:] == MERGEKIT_KIN + SUBSPACE
   hidden = {"maet": {"return_info"}}
   for name, m in registry.METHODS.items():
     params = inspect.signature(m.fn).parameters
@@ -82,7 +89,7 @@ def test_every_method_by_name_equals_its_function():
                         lambda: merge.sparsify_rows(t, base, 0.8)),
   }
   # a new method needs a case here, or (mergekit's) in tests/test_merge_sparse.py / _geometric.py
-  assert set(cases) == set(registry.METHODS) - {r[0] for r in sparse.REGISTER + geometric.REGISTER}
+  assert set(cases) == set(registry.METHODS) - set(MERGEKIT_KIN) - set(SUBSPACE)
   for name, (inputs, options, direct) in cases.items():
     want = leaves(direct())
     for naming in (merge.XLT, "auto"):
@@ -96,8 +103,8 @@ def test_every_method_by_name_equals_its_function():
 
 
 @pytest.mark.parametrize("call, message", [
-    (("tie", {}, {}), "unknown merge method 'tie'; known: layer_swap, soup, task_arithmetic, ties, dare, maet, "
-                      "sparsify_rows"),
+    (("tie", {}, {}), "unknown merge method 'tie'; known: layer_swap, soup, task_arithmetic, ties, dare, "
+                      "sparsify_rows, maet"),
     (("ties", {"experts": ["x"]}, {}),
      r"ties takes inputs base, experts \(list\); missing \['base'\], unknown \[\]"),
     (("soup", {"experts": ["x"], "base": "b"}, {}),
@@ -258,3 +265,59 @@ def test_an_experiments_merges_pick_their_inputs_from_what_it_has():
     registry.check_among("maet", {}, have, "m")
   with pytest.raises(ValueError, match="ties has no option drop"):
     registry.check_among("ties", {"drop": 0.1}, have, "t")
+
+
+def test_the_docs_methods_table_is_rendered_from_the_declarations():
+  from xlt.merge import methods_doc
+  with open(os.path.join(REPO, "docs", "merge.md")) as f:
+    text = f.read()
+  assert methods_doc.with_methods_table(text) == text, "run python -m xlt.merge.methods_doc docs/merge.md"
+  table = methods_doc.methods_table()
+  assert "| soup | experts (list) | weights=None | linear | no | Wortsman et al. 2022" in table
+  assert "| della | base, experts (list) |" in table and "| della_linear | della | yes |" not in table
+  assert len([r for r in table.splitlines() if r.startswith("| ")]) == len(registry.METHODS) + 1
+  stale = text.replace("| soup | experts (list)", "| soup | models (list)")
+  assert methods_doc.with_methods_table(stale) == text
+  out = subprocess.run([sys.executable, "-m", "xlt.merge.methods_doc", os.path.join(REPO, "docs", "merge.md"),
+                        "--check"], capture_output=True, text=True, env=ENV)
+  assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_per_tensor_method_is_lifted_over_trees():
+  from xlt.merge import declare
+  seen = []
+
+  def shrink(base, experts, *, by: float = 2.0, masks=None, path=None):
+    """Toy: base + the mean delta / by."""
+    seen.append(path)
+    return base + sum(x - base for x in experts) / (len(experts) * by)
+
+  def prepare(n, *, by):
+    assert n == 2
+    if by <= 0:
+      raise ValueError("by must be positive")
+    return {"by": float(by)}
+
+  lifted = declare.lift(shrink, ("base", "experts+"), prepare)
+  assert list(inspect.signature(lifted).parameters) == ["base", "experts", "by", "masks", "naming"]
+  b = {"a": np.zeros(2, np.float32), "b": np.ones(3, np.float32)}
+  e1 = {"a": np.array([2.0, 4.0], np.float32), "b": np.array([1, 3, 5], np.float32)}
+  e2 = {"a": np.array([6.0, 0.0], np.float32), "b": np.array([1, 1, 1], np.float32)}
+  out = lifted(b, [e1, e2], by=4)
+  np.testing.assert_array_equal(out["a"], [1.0, 0.5])
+  np.testing.assert_array_equal(out["b"], [1.0, 1.25, 1.5])
+  assert seen == [("a",), ("b",)] and out["a"].dtype == np.float32
+  # a mask restricts each expert to its neurons (the base elsewhere) before the function sees it
+  out = lifted(b, [e1, e2], masks=[{"a": np.array([True, False]), "b": True}, None])
+  np.testing.assert_array_equal(out["a"], [2.0, 0.0])
+  with pytest.raises(ValueError, match="by must be positive"):
+    lifted(b, [e1, e2], by=0)
+  with pytest.raises(ValueError, match="b: shape \\(3,\\) in base vs \\(2,\\) in expert 1"):
+    lifted(b, [e1, {"a": e2["a"], "b": e2["a"]}])
+  with pytest.raises(ValueError, match="experts is empty"):
+    lifted(b, [])
+  # the registry's per-tensor methods keep their per-tensor form
+  m = registry.get("ram")
+  assert m.per_tensor is m.fn.per_tensor and m.mergekit == "ram"
+  np.testing.assert_array_equal(m.per_tensor(np.zeros(2), [np.array([1.0, 0]), np.array([3.0, 0])], epsilon=1e-5),
+                                [2.0, 0.0])

@@ -9,8 +9,11 @@ and ml_collections for its config), never on the rest of xlt, so it merges any c
 that loads as a pytree. Paths are read through a `Naming` (`XLT` for xlt.model's GPT, `HF` for Hugging
 Face names, `from_rule(path -> (block, kind))` for any other); every merge takes `naming=`.
 
-  registry.py every method by name: its inputs (roles), options, paper; `merge`, `describe`
-  core.py     structure checks, leaf-wise maps, deltas, row magnitudes
+  declare.py  one declaration per method, next to its function (name, roles, paper, layer-
+              awareness, mergekit name); per-tensor methods lifted over trees
+  registry.py every declared method by name: its inputs (roles), options, paper; `merge`, `describe`
+  methods_doc.py docs/merge.md's methods table, rendered from the declarations
+  core.py     structure checks, leaf-wise maps (`over_leaves`: every method's preamble), deltas
   swap.py     layer swapping with transition zones
   combine.py  soup, magnitude weights, task arithmetic, TIES, DARE, row sparsification
   sparse.py   DARE-TIES, breadcrumbs (-TIES), DELLA (-linear), SCE

@@ -19,16 +19,24 @@ from __future__ import annotations
 import json
 import os
 
+from xlt.merge import registry
+
 _TOP_KEYS = ("merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype",
              "tokenizer_source")
 _SPARSE = ("dare_ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear")
-# mergekit method -> (xlt method with a base, xlt method without one)
-_METHODS = {"linear": (None, "soup"), "task_arithmetic": ("task_arithmetic", None), "ties": ("ties", None),
-            "dare_linear": ("dare", None), "sce": ("sce", None), "slerp": ("slerp", None),
-            "nuslerp": ("nuslerp", "nuslerp_nobase"), "multislerp": ("multislerp", "multislerp_nobase"),
-            "karcher": (None, "karcher"), "model_stock": ("model_stock", None), "nearswap": ("nearswap", None),
-            "arcee_fusion": ("arcee_fusion", None), "ram": ("ram", None), "ramplus_tl": ("ramplus_tl", None),
-            "passthrough": (None, None)} | {m: (m, None) for m in _SPARSE}
+
+
+def _mergekit_methods() -> dict[str, tuple[str | None, str | None]]:
+  """mergekit method -> (xlt method with a base, xlt method without one), from the methods'
+  declarations (their `mergekit` name; xlt.merge.declare); passthrough maps as slices."""
+  out: dict[str, list] = {"passthrough": [None, None]}
+  for m in registry.METHODS.values():
+    if m.mergekit:
+      out.setdefault(m.mergekit, [None, None])[0 if any(r.name == "base" for r in m.roles) else 1] = m.name
+  return {k: tuple(v) for k, v in out.items()}
+
+
+_METHODS = _mergekit_methods()
 # per-model parameters each method takes, as lists over its experts: mergekit's name -> xlt's
 _PER_MODEL = {"soup": {"weight": "weights"}, "karcher": {"weight": "weights"},
               "nuslerp": {"weight": "weights"}, "nuslerp_nobase": {"weight": "weights"},

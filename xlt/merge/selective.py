@@ -1,7 +1,7 @@
 """Merges that choose, entry by entry, which model's change to the base to keep, as mergekit has
 them: arcee_fusion (where the change matters most), ram and ramplus_tl (changes only one model
 made kept whole, shared ones averaged). Each a pure function over pytrees, per tensor; the
-registry lists them through xlt.merge.geometric.REGISTER, and tests/test_merge_geometric.py
+each declared next to its function (xlt.merge.declare), and tests/test_merge_geometric.py
 checks each against mergekit's output.
 
 Rows, as in xlt.merge.geometric: output units as `naming.rows` lays them out (for Hugging Face
@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from xlt.merge import core
+from xlt.merge import core, declare
 from xlt.paths import XLT, Naming
+
+_RAM = "Yuan et al. 2026, Behavior Knowledge Merge in Reinforced Agentic Models"
 
 
 def _softmax_rows(x) -> np.ndarray:
@@ -40,7 +42,9 @@ def fusion_threshold(importance) -> float:
   return median + 1.5 * (q3 - q1)
 
 
-def arcee_fusion(base, other, *, naming: Naming = XLT):
+@declare.per_tensor("arcee_fusion", ("base", "other"), mergekit="arcee_fusion", layer_aware=True,
+                    paper="Arcee AI, Arcee Fusion (no paper: mergekit's arcee_fusion.py)")
+def arcee_fusion(base, other, *, path=None, naming: Naming = XLT):
   """Arcee Fusion (Arcee AI, mergekit's "arcee_fusion"; no paper: mergekit's source): the
   base with the other model's values where the change is an outlier of importance, per tensor.
 
@@ -53,17 +57,12 @@ def arcee_fusion(base, other, *, naming: Naming = XLT):
 
   naming: where the rows of each tensor are (the softmax runs along each row).
   """
-  core.check_compatible([base, other], ["base", "other"])
-
-  def merge(path, a, b):
-    a, b = core.as_compute(a), core.as_compute(b)
-    if a.size == 0:
-      return a
-    importance = fusion_importance(path, a, b, naming)
-    keep = naming.from_rows(path, importance >= fusion_threshold(importance), a.shape)
-    return a + (b - a) * keep.astype(a.dtype)
-
-  return core.map_leaves(merge, base, other)
+  a, b = core.as_compute(base), core.as_compute(other)
+  if a.size == 0:
+    return a
+  importance = fusion_importance(path, a, b, naming)
+  keep = naming.from_rows(path, importance >= fusion_threshold(importance), a.shape)
+  return a + (b - a) * keep.astype(a.dtype)
 
 
 def _task_vectors(b, xs, epsilon: float):
@@ -74,7 +73,8 @@ def _task_vectors(b, xs, epsilon: float):
   return np.where(changed, tvs, 0).astype(b.dtype), changed, changed.sum(axis=0)
 
 
-def ram(base, experts, *, epsilon: float = 1e-5, naming: Naming = XLT):
+@declare.per_tensor("ram", ("base", "experts+"), paper=_RAM, mergekit="ram")
+def ram(base, experts, *, epsilon: float = 1e-5):
   """Reinforced Agent Merging (Yuan et al. 2026, RAM): the base plus each entry's change kept
   whole where one expert alone changed it and averaged over the experts that changed it where
   several did, per entry.
@@ -86,19 +86,14 @@ def ram(base, experts, *, epsilon: float = 1e-5, naming: Naming = XLT):
   epsilon: the smallest change that counts (mergekit's default 1e-5), in the weights' units.
   naming: unused (entries are independent); accepted so every merge has the same keywords.
   """
-  experts = core.expert_list(experts)
-  core.check_compatible([base, *experts], ["base", *[f"expert {i}" for i in range(len(experts))]])
-
-  def merge(_, b, *xs):
-    b = core.as_compute(b)
-    tvs, _, count = _task_vectors(b, [core.as_compute(x) for x in xs], epsilon)
-    return b + tvs.sum(axis=0) / np.maximum(count, 1).astype(b.dtype)
-
-  return core.map_leaves(merge, base, *experts)
+  b = core.as_compute(base)
+  tvs, _, count = _task_vectors(b, [core.as_compute(x) for x in experts], epsilon)
+  return b + tvs.sum(axis=0) / np.maximum(count, 1).astype(b.dtype)
 
 
-def ramplus_tl(base, experts, *, r: float = 0.1, alpha: float = 0.2, epsilon: float = 1e-5,
-               naming: Naming = XLT):
+@declare.per_tensor("ramplus_tl", ("base", "experts+"), paper=_RAM + " (RAM+, tensor-local as mergekit has it)",
+                    mergekit="ramplus_tl")
+def ramplus_tl(base, experts, *, r: float = 0.1, alpha: float = 0.2, epsilon: float = 1e-5):
   """RAM+ tensor-local (Yuan et al. 2026, mergekit's "ramplus_tl"): `ram` with each expert's
   unique changes scaled up by how much of its change the other experts share, per tensor.
 
@@ -111,29 +106,14 @@ def ramplus_tl(base, experts, *, r: float = 0.1, alpha: float = 0.2, epsilon: fl
   epsilon: the smallest change that counts (mergekit's default 1e-5), in the weights' units.
   naming: unused (entries are independent); accepted so every merge has the same keywords.
   """
-  experts = core.expert_list(experts)
-  core.check_compatible([base, *experts], ["base", *[f"expert {i}" for i in range(len(experts))]])
+  b = core.as_compute(base)
+  tvs, changed, count = _task_vectors(b, [core.as_compute(x) for x in experts], epsilon)
+  axes = tuple(range(1, tvs.ndim))
+  shared = (changed & (count > 1)).sum(axis=axes)
+  unique = (changed & (count == 1)).sum(axis=axes)
+  scale = 1 + r * np.clip(shared / np.maximum(unique, epsilon), 0, alpha)
+  out = b.copy()
+  for tv, s in zip(tvs, scale):
+    out += np.where(count == 1, tv * np.asarray(s, b.dtype), tv / np.maximum(count, 1).astype(b.dtype))
+  return out
 
-  def merge(_, b, *xs):
-    b = core.as_compute(b)
-    tvs, changed, count = _task_vectors(b, [core.as_compute(x) for x in xs], epsilon)
-    axes = tuple(range(1, tvs.ndim))
-    shared = (changed & (count > 1)).sum(axis=axes)
-    unique = (changed & (count == 1)).sum(axis=axes)
-    scale = 1 + r * np.clip(shared / np.maximum(unique, epsilon), 0, alpha)
-    out = b.copy()
-    for tv, s in zip(tvs, scale):
-      out += np.where(count == 1, tv * np.asarray(s, b.dtype), tv / np.maximum(count, 1).astype(b.dtype))
-    return out
-
-  return core.map_leaves(merge, base, *experts)
-
-
-_RAM = "Yuan et al. 2026, Behavior Knowledge Merge in Reinforced Agentic Models"
-# (name, function, roles, paper, register keywords), registered through geometric.REGISTER
-REGISTER: list[tuple] = [
-    ("arcee_fusion", arcee_fusion, ("base", "other"),
-     "Arcee AI, Arcee Fusion (no paper: mergekit's arcee_fusion.py)", {}),
-    ("ram", ram, ("base", "experts+"), _RAM, {}),
-    ("ramplus_tl", ramplus_tl, ("base", "experts+"), _RAM + " (RAM+, tensor-local as mergekit has it)", {}),
-]
