@@ -31,7 +31,7 @@ def tiny(seed: int, blocks: int = 3) -> dict:
 # _geometric.py) and of the subspace and mask methods (tests/test_merge_subspace.py), in order
 MERGEKIT_KIN = [m.name for m in registry.METHODS.values()
                 if m.fn.__module__ in ("xlt.merge.sparse", "xlt.merge.geometric", "xlt.merge.selective")]
-SUBSPACE = [m.name for m in registry.METHODS.values() if m.fn.__module__ == "xlt.merge.subspace"]
+SUBSPACE = [m.name for m in registry.METHODS.values() if m.fn.__module__ in ("xlt.merge.subspace", "xlt.merge.localize")]
 
 
 def leaves(tree) -> dict:

@@ -1,6 +1,6 @@
 """Merges that choose, entry by entry, which model's change to the base to keep, as mergekit has
 them: arcee_fusion (where the change matters most), ram and ramplus_tl (changes only one model
-made kept whole, shared ones averaged). Each a pure function over pytrees, per tensor; the
+made kept whole, shared ones averaged). Each a pure function over pytrees, per tensor,
 each declared next to its function (xlt.merge.declare), and tests/test_merge_geometric.py
 checks each against mergekit's output.
 
