@@ -1,0 +1,70 @@
+"""xlt's subspace and mask merges against fusion-bench's, on the fixtures of
+tests/fixtures/make_fusion_fixtures.py: the largest absolute difference per case, written to
+results/benchmarks/merge_fusion_parity.json, which docs/merge.md's parity table is rendered from
+(`python -m xlt.merge.methods_doc docs/merge.md`).
+
+  python benchmarks/merge_parity_fusion.py      # xlt only: fusion-bench's side is the fixtures
+
+tests/test_merge_fusion.py checks the same differences against a tolerance.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import load_file
+
+from xlt.merge import fileio, registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "fusion")
+RESULT = os.path.join(ROOT, "results", "benchmarks", "merge_fusion_parity.json")
+
+
+def fixture_script():
+  spec = importlib.util.spec_from_file_location("make_fusion_fixtures",
+                                                os.path.join(ROOT, "tests", "fixtures", "make_fusion_fixtures.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def inputs() -> dict:
+  """{"base": tree, "experts": [trees]} of the fixtures' inputs."""
+  models: dict = {}
+  for key, value in load_file(os.path.join(FIXTURES, "inputs.safetensors")).items():
+    model, name = key.split("/", 1)
+    models.setdefault(model, {})[name] = value
+  return {"base": models.pop("base"), "experts": [models[k] for k in sorted(models)]}
+
+
+def case_diff(case: str, method: str, options: dict) -> float:
+  """max |xlt - fusion-bench| over every tensor of `case`."""
+  path = os.path.join(FIXTURES, f"{case}.safetensors")
+  with safe_open(path, "numpy") as f:
+    meta = f.metadata()
+  assert meta["method"] == method and json.loads(meta["options"]) == options, f"{case}: the fixture is stale"
+  want = load_file(path)
+  got = registry.merge(method, inputs(), options, naming="auto")
+  return max(float(np.abs(np.asarray(got[k], np.float64) - want[k]).max()) for k in want)
+
+
+def main():
+  script = fixture_script()
+  with safe_open(os.path.join(FIXTURES, "tsv_m.safetensors"), "numpy") as f:
+    version = f.metadata()["fusion_bench"]
+  cases = {case: {"method": method, "options": options, "max_abs_diff": case_diff(case, method, options)}
+           for case, (method, options) in script.CASES.items()}
+  result = {"fusion_bench": version, "inputs": "tests/fixtures/fusion (float32 MLP 10-12-8, 3 experts)",
+            "cases": cases}
+  fileio.write_text(RESULT, json.dumps(result, indent=1) + "\n")
+  for case, c in cases.items():
+    print(f"{case}: {c['max_abs_diff']:.2e}")
+
+
+if __name__ == "__main__":
+  main()
