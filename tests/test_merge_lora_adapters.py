@@ -1,0 +1,74 @@
+"""xlt.merge.lora_adapters: LoRA adapters merged into one adapter (concatenation, SVD at a rank),
+checked against merging their dense deltas (task arithmetic of the merged-in models), and the
+merged adapter written as a PEFT adapter and read back."""
+
+import jax
+import numpy as np
+import pytest
+
+from xlt import lora, merge, peft_io, pretrained
+from xlt.merge import lora_adapters
+
+KERNEL = ("block_0", "mlp", "gate", "kernel")
+
+
+@pytest.fixture(scope="module")
+def llama():
+  import os
+  cfg, params = pretrained.load(os.path.join(os.path.dirname(__file__), "fixtures", "hf", "llama"))
+  params = jax.tree.map(np.asarray, params)
+  rng = np.random.default_rng(0)
+  shapes = lora.init(params, jax.random.key(0), rank=1, alpha=1.0)  # only its kernels and their sizes
+  adapters = []
+  for rank, alpha in ((2, 4.0), (3, 1.5)):
+    adapters.append(jax.tree_util.tree_map_with_path(
+        lambda p, x, rank=rank: (0.3 * rng.normal(size=(rank, x.shape[1]) if p[-1].key == "a" else (x.shape[0], rank)))
+        .astype(np.float32), {k: v for k, v in shapes.items() if k != "scale"}))
+    adapters[-1]["scale"] = np.float32(lora.scale(rank, alpha))
+  return cfg, params, adapters
+
+
+def _close(a, b, atol=1e-5):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), atol=atol)
+
+
+def test_concatenation_is_task_arithmetic_of_the_dense_deltas(llama):
+  cfg, params, adapters = llama
+  lambdas = [0.5, 2.0]
+  joined = lora_adapters.concat(adapters, lambdas)
+  assert joined["block_0"]["attn"]["q"]["kernel"]["a"].shape[0] == 5 and float(joined["scale"]) == 1.0
+  dense = merge.task_arithmetic(params, [lora.merge_into(params, a) for a in adapters], lambdas)
+  _close(lora.merge_into(params, joined), dense)
+  want = sum(lam * lora_adapters.delta(a, KERNEL) for lam, a in zip(lambdas, adapters))
+  np.testing.assert_allclose(lora_adapters.delta(joined, KERNEL), want, atol=1e-5)
+
+
+def test_svd_at_full_rank_is_exact_and_below_it_the_best_approximation(llama):
+  cfg, params, adapters = llama
+  dense = merge.task_arithmetic(params, [lora.merge_into(params, a) for a in adapters])
+  _close(lora.merge_into(params, lora_adapters.svd(adapters, rank=5)), dense)
+  one = lora_adapters.svd(adapters, rank=1)
+  total = sum(lora_adapters.delta(a, KERNEL) for a in adapters)
+  u, s, vt = np.linalg.svd(total)
+  np.testing.assert_allclose(lora_adapters.delta(one, KERNEL), s[0] * np.outer(u[:, 0], vt[0]), atol=1e-5)
+  assert one["block_0"]["mlp"]["gate"]["kernel"]["b"].shape[1] == 1
+  with pytest.raises(ValueError, match="rank must be a positive integer"):
+    lora_adapters.svd(adapters, rank=0)
+
+
+def test_a_merged_adapter_goes_out_as_peft_and_back(llama, tmp_path):
+  cfg, params, adapters = llama
+  joined = lora_adapters.svd(adapters, rank=4)
+  config = peft_io.save(cfg, params, joined, str(tmp_path / "merged"))
+  assert config["r"] == 4 and config["lora_alpha"] == pytest.approx(2.0)  # scale 1 = alpha / sqrt(4)
+  _close(lora.merge_into(params, peft_io.read(str(tmp_path / "merged"), cfg, params)), lora.merge_into(params, joined))
+
+
+def test_adapters_of_different_kernels_are_errors():
+  a = {"scale": 1.0, "w": {"a": np.ones((1, 3)), "b": np.ones((2, 1))}}
+  b = {"scale": 1.0, "w": {"a": np.ones((1, 4)), "b": np.ones((2, 1))}}
+  with pytest.raises(ValueError, match="w: adapter 1's delta is 2 x 4, adapter 0's 2 x 3"):
+    lora_adapters.concat([a, b])
+  with pytest.raises(ValueError, match="adapters is empty"):
+    lora_adapters.concat([])

@@ -1,0 +1,107 @@
+"""Merging LoRA adapters into one adapter, without forming a model: the task arithmetic of their
+dense deltas, sum_i lambda_i s_i b_i @ a_i per adapted kernel, kept low-rank.
+
+An adapter tree is xlt.lora's: {"scale": s, <kernel path>: {"a": [r, in], "b": [out, r]}}, the
+delta of a kernel s * b @ a in its [out, in] view (xlt.peft_io reads and writes Hugging Face
+PEFT adapters as such trees). Two ways to merge:
+
+  concat  a = [a_1; a_2; ...] and b = [lambda_1 s_1 b_1, lambda_2 s_2 b_2, ...] with scale 1: the
+          sum exactly, at rank sum_i r_i.
+  svd     the truncated SVD of the summed delta at a given rank (U_r S_r as b, V_r^T as a,
+          scale 1): the best rank-r approximation of the sum (Eckart-Young), exact when the rank
+          reaches the sum's.
+
+Pure numpy over pytrees (no training code), so it merges adapter files anywhere; a kernel some
+adapters lack contributes only from those that have it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from xlt.merge import core
+from xlt.paths import path_names, path_str
+
+
+def factors(adapters) -> dict:
+  """{kernel path: (a, b)} of an adapter tree (float64 numpy)."""
+  found: dict = {}
+  for p, x in jax.tree_util.tree_flatten_with_path(adapters)[0]:
+    names = path_names(p)
+    if names[-1] in ("a", "b"):
+      found.setdefault(names[:-1], {})[names[-1]] = np.asarray(x, np.float64)
+  return {p: (ab["a"], ab["b"]) for p, ab in found.items()}
+
+
+def _tree(by_path: dict, scale: float) -> dict:
+  out: dict = {"scale": np.float32(scale)}
+  for path, (a, b) in by_path.items():
+    node = out
+    for k in path[:-1]:
+      node = node.setdefault(k, {})
+    node[path[-1]] = {"a": a.astype(np.float32), "b": b.astype(np.float32)}
+  return out
+
+
+def _terms(adapters_list, lambdas) -> tuple[list, dict]:
+  """(lambda_i * s_i per adapter, {kernel path: [(i, a, b)]}) after checking the shapes agree."""
+  adapters_list = core.expert_list(adapters_list, "adapters")
+  lambdas = core.per_expert(lambdas, len(adapters_list), "adapter lambdas")
+  weights = [lam * float(np.asarray(ad["scale"])) for lam, ad in zip(lambdas, adapters_list)]
+  by_path: dict = {}
+  for i, ad in enumerate(adapters_list):
+    for path, (a, b) in factors(ad).items():
+      if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
+        raise ValueError(f"adapter {i}, {path_str(path)}: a {a.shape} and b {b.shape} are not [r, in] and [out, r]")
+      first = by_path.setdefault(path, [])
+      if first and (first[0][1].shape[1], first[0][2].shape[0]) != (a.shape[1], b.shape[0]):
+        raise ValueError(f"{path_str(path)}: adapter {i}'s delta is {b.shape[0]} x {a.shape[1]}, adapter "
+                         f"{first[0][0]}'s {first[0][2].shape[0]} x {first[0][1].shape[1]}")
+      first.append((i, a, b))
+  return weights, by_path
+
+
+def concat(adapters_list, lambdas: float | Sequence[float] = 1.0) -> dict:
+  """One adapter whose delta is exactly sum_i lambda_i * (adapter i's delta): the factors side by
+  side (rank: the sum of the ranks), each b times lambda_i s_i, scale 1.
+
+  lambdas: the task-arithmetic scale of each adapter's delta, one for all or one per adapter.
+  """
+  weights, by_path = _terms(adapters_list, lambdas)
+  merged = {path: (np.concatenate([a for _, a, _ in terms]), np.concatenate([weights[i] * b for i, _, b in terms],
+                                                                            axis=1))
+            for path, terms in by_path.items()}
+  return _tree(merged, 1.0)
+
+
+def svd(adapters_list, rank: int, lambdas: float | Sequence[float] = 1.0) -> dict:
+  """One adapter of rank at most `rank` per kernel: the truncated SVD of sum_i lambda_i *
+  (adapter i's delta), b = U_r diag(S_r), a = V_r^T, scale 1 (the best rank-r approximation of
+  the summed delta; exact when `rank` reaches its rank). Computed from the factors' QR
+  decompositions, so no [out, in] matrix is formed.
+
+  rank: a positive integer (a kernel whose summed delta is smaller keeps min(out, in)).
+  lambdas: the task-arithmetic scale of each adapter's delta, one for all or one per adapter.
+  """
+  if int(rank) != rank or rank < 1:
+    raise ValueError(f"adapter SVD rank must be a positive integer, got {rank}")
+  weights, by_path = _terms(adapters_list, lambdas)
+  merged = {}
+  for path, terms in by_path.items():
+    a = np.concatenate([a for _, a, _ in terms])  # [R, in]
+    b = np.concatenate([weights[i] * b for i, _, b in terms], axis=1)  # [out, R]: the sum is b @ a
+    qb, rb = np.linalg.qr(b)  # b = qb rb, a^T = qa ra: b @ a = qb (rb ra^T) qa^T
+    qa, ra = np.linalg.qr(a.T)
+    u, s, vt = np.linalg.svd(rb @ ra.T)
+    k = min(int(rank), len(s))
+    merged[path] = ((vt[:k] @ qa.T), (qb @ u[:, :k]) * s[:k])
+  return _tree(merged, 1.0)
+
+
+def delta(adapters, path) -> np.ndarray:
+  """The dense [out, in] delta s * b @ a of one kernel (float64): what the merges are checked by."""
+  a, b = factors(adapters)[tuple(path)]
+  return float(np.asarray(adapters["scale"])) * (b @ a)
