@@ -321,3 +321,54 @@ def test_a_per_tensor_method_is_lifted_over_trees():
   assert m.per_tensor is m.fn.per_tensor and m.mergekit == "ram"
   np.testing.assert_array_equal(m.per_tensor(np.zeros(2), [np.array([1.0, 0]), np.array([3.0, 0])], epsilon=1e-5),
                                 [2.0, 0.0])
+
+
+def test_help_prints_once_and_exits_0():
+  r = command("--help")
+  assert r.returncode == 0 and r.stdout.count("Merges checkpoint files with any method") == 1, r.stderr[-500:]
+  assert "--[no]overwrite" in r.stdout and "mergekit: linear (accepted as its name too)" in r.stdout
+
+
+def test_mergekit_names_on_the_command_line():
+  from xlt.merge.from_mergekit import flags_aliases
+  two = {"base": "b", "experts": "x,y"}
+  assert flags_aliases("linear", {"experts": "x,y"}, {"weight": [1, 3]}) == ("soup", {"weights": [1, 3]})
+  assert flags_aliases("dare_linear", two, {"density": 0.25, "weight": 0.5}) == (
+      "dare", {"convention": "mergekit", "drop": 0.75, "lambdas": 0.5})
+  assert flags_aliases("nuslerp", {"experts": "x,y"}, {"weight": [1, 2]}) == ("nuslerp_nobase", {"weights": [1, 2]})
+  assert flags_aliases("nuslerp", two, {"weight": [1, 2]}) == ("nuslerp", {"weights": [1, 2]})
+  # mergekit normalises the weights, then scales the merged delta by lambda
+  assert flags_aliases("task_arithmetic", two, {"weight": [1, 3], "lambda": 0.5, "normalize": True}) == (
+      "task_arithmetic", {"lambdas": [0.125, 0.375]})
+  assert flags_aliases("dare_ties", two, {"lambda": 0.5}) == ("dare_ties", {"scale": 0.5})
+  assert flags_aliases("ties", two, {"density": 0.2}) == ("ties", {"density": 0.2})  # xlt's names pass as they are
+  with pytest.raises(ValueError, match="option lambda: xlt's ties cannot scale"):
+    flags_aliases("ties", two, {"lambda": 0.5})
+  with pytest.raises(ValueError, match=r"mergekit's dare_linear needs a base here \(--config.inputs.base\)"):
+    flags_aliases("dare_linear", {"experts": "x,y"}, {})
+
+
+def test_command_mergekit_names_overwrite_and_the_config_written(tmp_path, checkpoints):
+  trees, paths = checkpoints
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "notes.txt").write_text("mine")
+  args = ["--config=configs/merge_files.py", "--config.method=linear", f"--config.inputs.experts={paths['a']},{paths['b']}",
+          "--config.options.weight=(1, 3)", "--config.heatmaps=false", f"--config.output={out}"]
+  r = command(*args)
+  assert r.returncode == 2 and r.stderr.count("\n") == 1 and "replace it with --overwrite" in r.stderr
+  assert os.listdir(out) == ["notes.txt"]
+  r = command(*args, "--overwrite")
+  assert r.returncode == 0, r.stderr
+  got, want = load_file(str(out / "model.safetensors")), merge.soup([trees["a"], trees["b"]], [1, 3])
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  import json
+  ran = json.loads((out / "merge_config.json").read_text())
+  assert ran["method"] == "soup" and ran["options"] == {"weights": [1, 3]} and "notes.txt" not in os.listdir(out)
+  # a mergekit YAML is kept beside the output as mergekit_config.yml
+  yml = tmp_path / "merge.yml"
+  yml.write_text(f"merge_method: linear\nmodels:\n  - model: {paths['a']}\n  - model: {paths['b']}\n")
+  r = command(f"--mergekit_yaml={yml}", f"--config.output={tmp_path / 'yaml_out'}", "--config.heatmaps=false")
+  assert r.returncode == 0, r.stderr
+  assert (tmp_path / "yaml_out" / "mergekit_config.yml").read_text() == yml.read_text()

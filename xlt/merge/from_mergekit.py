@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 
-from xlt.merge import registry
+from xlt.merge import core, registry
 
 _TOP_KEYS = ("merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype",
              "tokenizer_source")
@@ -284,3 +284,44 @@ def _passthrough(slices) -> dict:
     raise ValueError(f"slices: the ranges end at layer {at}, but {outer} has {layers} layers")
   return {"method": "layer_swap", "inputs": {"task_expert": inner, "language_expert": outer},
           "options": {"bottom": bottom, "top": top, "non_block": "language", "num_blocks": at}}
+
+
+def flags_aliases(method: str, inputs: dict, options: dict) -> tuple[str, dict]:
+  """(xlt method, options) of a command-line merge given in mergekit's names: a mergekit method
+  (linear, dare_linear, a nuslerp or multislerp without a base: the xlt method of that name
+  with or without a base, by whether `inputs` has one), `weight` for the per-model weights
+  (xlt's weights or lambdas) and the global parameters mergekit's YAML takes (`lambda`,
+  `normalize`, `nuslerp_flatten`, ...), mapped as from_mergekit maps them. xlt's own names pass
+  unchanged."""
+  options = dict(options)
+  with_base, without = _METHODS.get(method, (None, None))
+  if (method not in registry.METHODS and method in _METHODS) or (method == with_base and without and
+                                                                  "base" not in inputs):
+    xlt = with_base if "base" in inputs and with_base else without
+    if xlt is None:
+      raise ValueError(f"mergekit's {method} {'needs a' if 'base' not in inputs else 'takes no'} base here "
+                       "(--config.inputs.base)")
+    if method == "dare_linear":
+      options.setdefault("convention", "mergekit")
+      if "density" in options:
+        options["drop"] = 1 - float(options.pop("density"))
+    method = xlt
+  if "weight" in options:
+    table = _PER_MODEL.get(method, {})
+    target = table.get("weight") or ("lambdas" if method in ("task_arithmetic", "ties", "dare") else None)
+    if target is None:
+      raise ValueError(f"option weight: xlt's {method} takes no per-model weight")
+    options[target] = options.pop("weight")
+  # mergekit normalises the weights first, then scales the merged delta by lambda
+  globals_given = [k for k in options if k in _GLOBAL or (k == "normalize" and method in ("task_arithmetic", "dare"))]
+  for key in sorted(globals_given, key=lambda k: k != "normalize"):
+    value = options.pop(key)
+    if key in ("lambda", "normalize") and method in ("task_arithmetic", "dare"):
+      experts = inputs.get("experts") or [None]
+      n = len([p for p in experts.split(",") if p]) if isinstance(experts, str) else len(experts)
+      options["lambdas"] = core.per_expert(options.get("lambdas", 1.0), n, f"{method} lambdas")
+    elif key == "lambda" and method == "ties":
+      raise ValueError("option lambda: xlt's ties cannot scale its merged delta after the mean (use lambdas, "
+                       "or dare_ties / breadcrumbs_ties with scale)")
+    options = _set_global(method, options, _GLOBAL.get(key, key), value, key)
+  return method, options

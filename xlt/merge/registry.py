@@ -179,7 +179,10 @@ def describe(method: str | None = None) -> str:
   for m in [get(method)] if method else METHODS.values():
     aware = ("reads blocks or rows: needs a naming rule" if m.layer_aware is True else
              "names needed only with some options" if m.layer_aware else "merges any tensor by name")
-    lines = [f"{m.name}: {m.summary}", f"  paper: {m.paper}", f"  layers: {aware}", "  inputs:"]
+    lines = [f"{m.name}: {m.summary}", f"  paper: {m.paper}", f"  layers: {aware}"]
+    if m.mergekit:
+      lines.append(f"  mergekit: {m.mergekit}" + ("" if m.mergekit == m.name else " (accepted as its name too)"))
+    lines.append("  inputs:")
     lines += [f"    {r.name}{' (list)' if r.many else ''}: {r.help}" for r in m.roles]
     lines.append("  options:" if m.options else "  options: none")
     for o in m.options:

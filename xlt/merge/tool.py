@@ -41,10 +41,19 @@ def source_model(inputs: dict, roles: list[str], config_from: str | None = None)
   return None
 
 
+def _check_output(output: str, overwrite: bool) -> None:
+  """A non-empty output directory xlt did not write is replaced only when asked, checked once the
+  inputs are (hf.write_model_dir checks again as it renames), so no merge work is lost to it."""
+  if (not overwrite and os.path.isdir(output) and not os.path.islink(output) and os.listdir(output)
+      and not hf.is_xlt_output(output)):
+    raise ValueError(f"{output} is a non-empty directory that xlt did not write; replace it with --overwrite "
+                     "(overwrite=True from Python), or choose another output directory")
+
+
 def merge_files(inputs: dict, method: str, output: str, options: dict | None = None, *,
                 naming: str | naming_lib.Naming = "auto", heatmaps: bool = True, config_from: str | None = None,
                 max_shard_bytes: int | str = hf.DEFAULT_MAX_SHARD_BYTES, dtype: str | None = None,
-                vocab: str | None = None) -> dict:
+                vocab: str | None = None, overwrite: bool = False) -> dict:
   """Merges checkpoint files with one of the registry's methods and writes `output` as a model
   directory (xlt.merge.hf: model.safetensors or shards with their index, config.json and
   tokenizer files from `source_model`, README.md naming inputs, method and options), plus
@@ -58,6 +67,7 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
   naming: "auto", "hf", "xlt", a block prefix pattern ("gpt_neox.layers.{i}.") or a Naming;
     only methods that read blocks or rows need one (`registry.naming_for_method`).
   max_shard_bytes, dtype: as `hf.write_model_dir` takes them.
+  overwrite: replace `output` even when it is a non-empty directory xlt did not write.
   vocab: what to do when the inputs' vocabularies differ (more rows in the embedding and
     head tensors of one input, e.g. a language expert with an extended tokenizer); see
     `fit_vocab`: None (an error naming the tensor), "base" or "union".
@@ -85,6 +95,7 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
       source = next((p for p in largest if os.path.isfile(os.path.join(p, hf.CONFIG))), source)
     config = _with_vocab_size(source, rows)
   check_inputs(labelled, nm)
+  _check_output(output, overwrite)
   merged = registry.merge(method, {r: trees[r] for r in roles}, options, naming=nm)
   card = {"title": f"{method} merge", "method": method, "inputs": inputs, "options": options}
   if vocab:
@@ -92,7 +103,7 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
   written = hf.write_model_dir(merged, output, source_dir=source, config=config, card=card,
                                max_shard_bytes=max_shard_bytes, dtype=dtype,
                                metadata={"merge_method": method, "options": json.dumps(options, sort_keys=True)},
-                               weights_only=source is None)
+                               weights_only=source is None, overwrite=overwrite)
   del merged
   summary = {"output": written["dir"], "files": written["files"], "config_from": source, "naming": nm.name,
              "tensors": len(first), "bytes": int(sum(x.nbytes for x in first.values())), "heatmaps": []}
