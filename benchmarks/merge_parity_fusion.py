@@ -33,13 +33,30 @@ def fixture_script():
   return module
 
 
-def inputs() -> dict:
-  """{"base": tree, "experts": [trees]} of the fixtures' inputs."""
+def _models() -> dict:
   models: dict = {}
   for key, value in load_file(os.path.join(FIXTURES, "inputs.safetensors")).items():
     model, name = key.split("/", 1)
     models.setdefault(model, {})[name] = value
-  return {"base": models.pop("base"), "experts": [models[k] for k in sorted(models)]}
+  return models
+
+
+def inputs() -> dict:
+  """{"base": tree, "experts": [trees]} of the fixtures' inputs."""
+  models = _models()
+  return {"base": models["base"], "experts": [models[k] for k in sorted(models) if k.startswith("expert")]}
+
+
+def xlt_merge(method: str, options: dict) -> dict:
+  """xlt's merge of a fixture case: the data-aware methods take the experts alone, with the
+  fixtures' statistics (their names are "0.weight", ...: blocks by the pattern "{i}.", rows axis 0)."""
+  if method not in ("regmean", "fisher"):
+    return registry.merge(method, inputs(), options, naming="auto")
+  models = _models()
+  stats = "gram" if method == "regmean" else "fisher"
+  statistics = [models[k] for k in sorted(models) if k.startswith(stats)]
+  return registry.merge(method, {"experts": inputs()["experts"]}, {**options, f"{stats}s": statistics},
+                        naming="{i}.")
 
 
 def case_diff(case: str, method: str, options: dict) -> float:
@@ -49,7 +66,7 @@ def case_diff(case: str, method: str, options: dict) -> float:
     meta = f.metadata()
   assert meta["method"] == method and json.loads(meta["options"]) == options, f"{case}: the fixture is stale"
   want = load_file(path)
-  got = registry.merge(method, inputs(), options, naming="auto")
+  got = xlt_merge(method, options)
   return max(float(np.abs(np.asarray(got[k], np.float64) - want[k]).max()) for k in want)
 
 

@@ -30,8 +30,7 @@ PARITY = _load("merge_parity_fusion", os.path.join(REPO, "benchmarks", "merge_pa
 
 
 def xlt_merge(case: str) -> dict:
-  method, options = SCRIPT.CASES[case]
-  return registry.merge(method, PARITY.inputs(), options, naming="auto")
+  return PARITY.xlt_merge(*SCRIPT.CASES[case])
 
 
 def max_diff(got: dict, want: dict) -> float:
@@ -46,6 +45,7 @@ def test_the_fixtures_are_the_scripts_cases_and_inputs():
   for got, expected in zip([inputs["base"], *inputs["experts"]], [want["base"], *(want[f"expert{i}"] for i in
                                                                                    range(SCRIPT.NUM_EXPERTS))]):
     assert max_diff(got, expected) == 0
+  assert PARITY._models().keys() == want.keys()
   for case, (method, options) in SCRIPT.CASES.items():
     with safe_open(os.path.join(FIXTURES, f"{case}.safetensors"), "numpy") as f:
       meta = f.metadata()

@@ -28,10 +28,12 @@ def tiny(seed: int, blocks: int = 3) -> dict:
 
 
 # the methods declared in the modules of mergekit's kin (tested in tests/test_merge_sparse.py and
-# _geometric.py) and of the subspace and mask methods (tests/test_merge_subspace.py), in order
+# _geometric.py) and of the subspace, mask and data-aware methods (tests/test_merge_subspace.py,
+# test_merge_data_aware.py), in order
 MERGEKIT_KIN = [m.name for m in registry.METHODS.values()
                 if m.fn.__module__ in ("xlt.merge.sparse", "xlt.merge.geometric", "xlt.merge.selective")]
-SUBSPACE = [m.name for m in registry.METHODS.values() if m.fn.__module__ in ("xlt.merge.subspace", "xlt.merge.localize")]
+SUBSPACE = [m.name for m in registry.METHODS.values()
+            if m.fn.__module__ in ("xlt.merge.subspace", "xlt.merge.localize", "xlt.merge.data_aware")]
 
 
 def leaves(tree) -> dict:

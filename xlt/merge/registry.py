@@ -31,13 +31,13 @@ import numpy as np
 from xlt import paths as naming_lib
 from xlt.merge import core, declare, layerwise
 # every module that declares methods (xlt.merge.declare), imported for its declarations
-from xlt.merge import combine, geometric, localize, maet, selective, sparse, subspace, swap  # noqa: F401
+from xlt.merge import combine, data_aware, geometric, localize, maet, selective, sparse, subspace, swap  # noqa: F401
 from xlt.merge.declare import METHODS, REQUIRED, ROLE_HELP, Method, Option, Role, register  # noqa: F401
 
 # listed module by module in this order (the methods xlt started with, then mergekit's kin),
 # each module's in the order it declares them
 _MODULES = [f"xlt.merge.{m}" for m in ("swap", "combine", "maet", "sparse", "geometric", "selective", "subspace",
-                                        "localize")]
+                                        "localize", "data_aware")]
 for _m in sorted(METHODS.values(), key=lambda m: _MODULES.index(m.fn.__module__)
                  if m.fn.__module__ in _MODULES else len(_MODULES)):
   METHODS[_m.name] = METHODS.pop(_m.name)
