@@ -26,7 +26,7 @@ from xlt import model as model_lib
 from xlt.paths import XLT, path_names, path_str
 
 
-def _num_in(path, shape) -> int:
+def num_inputs(path, shape) -> int:
   """How many of a kernel's leading axes are its inputs (xlt.paths rows: the others)."""
   return len(shape) - len(XLT.row_axes(path, tuple(shape)))
 
@@ -40,7 +40,7 @@ def _batch_grams(cfg, params, targets: tuple, tokens_BxT):
     path = tuple(context.module.path) + ("kernel",)
     if context.method_name == "__call__" and path in shapes:
       x = args[0]
-      n_in = math.prod(x.shape[x.ndim - _num_in(path, shapes[path]):])
+      n_in = math.prod(x.shape[x.ndim - num_inputs(path, shapes[path]):])
       x = x.reshape(-1, n_in).astype(jnp.float32)
       found[path] = found.get(path, 0.0) + x.T @ x
     return next_fun(*args, **kwargs)

@@ -75,6 +75,9 @@ def merge_config(c, *, overwrite: bool = False) -> dict:
   options = {k: list(v) if isinstance(v, tuple) else v for k, v in (c.get("options") or {}).items()}
   raw_inputs = c.get("inputs") or {}
   c["method"], options = from_mergekit.flags_aliases(c["method"], raw_inputs, options)
+  if any(o.tree and o.required for o in registry.get(c["method"]).options):  # RegMean, Fisher: statistics
+    raise ValueError(f"{c['method']} weighs the experts by statistics of their data: run python -m xlt.merge_data "
+                     "--config=configs/merge_data.py (docs/merge.md)")
   summary = tool.merge_files(inputs_of(c["method"], raw_inputs), c["method"], c["output"], options,
                              naming=c.get("naming", "auto"), heatmaps=c.get("heatmaps", True),
                              config_from=c.get("config_from") or None,
