@@ -114,7 +114,7 @@ def test_every_method_by_name_equals_its_function():
     (("soup", {"experts": "x"}, {}), "input experts is a non-empty list of models, got str"),
     (("soup", {"experts": []}, {}), "input experts is a non-empty list of models, got list"),
     (("ties", {"base": "b", "experts": ["x"]}, {"drop": 0.1}),
-     "ties has no option drop; its options: density, lambdas, masks"),
+     "ties has no option drop; its options: density, lambdas, masks, convention, normalize, scale"),
     (("sparsify_rows", {"expert": "e", "base": "b"}, {}), r"sparsify_rows needs option threshold \(no default\)"),
     (("layer_swap", {"task_expert": "t", "language_expert": "l"}, {"bottom": 1}), "needs option top"),
     (("ties", {"base": "b", "experts": ["x"]}, {"density": "high"}), "option density must be float, got 'high'"),
@@ -344,8 +344,8 @@ def test_mergekit_names_on_the_command_line():
       "task_arithmetic", {"lambdas": [0.125, 0.375]})
   assert flags_aliases("dare_ties", two, {"lambda": 0.5}) == ("dare_ties", {"scale": 0.5})
   assert flags_aliases("ties", two, {"density": 0.2}) == ("ties", {"density": 0.2})  # xlt's names pass as they are
-  with pytest.raises(ValueError, match="option lambda: xlt's ties cannot scale"):
-    flags_aliases("ties", two, {"lambda": 0.5})
+  assert flags_aliases("ties", two, {"lambda": 0.5, "normalize": False}) == (
+      "ties", {"scale": 0.5, "normalize": False})
   with pytest.raises(ValueError, match=r"mergekit's dare_linear needs a base here \(--config.inputs.base\)"):
     flags_aliases("dare_linear", {"experts": "x,y"}, {})
 
@@ -374,3 +374,29 @@ def test_command_mergekit_names_overwrite_and_the_config_written(tmp_path, check
   r = command(f"--mergekit_yaml={yml}", f"--config.output={tmp_path / 'yaml_out'}", "--config.heatmaps=false")
   assert r.returncode == 0, r.stderr
   assert (tmp_path / "yaml_out" / "mergekit_config.yml").read_text() == yml.read_text()
+
+
+def test_ties_normalize_and_scale_and_dare_without_rescale_by_hand():
+  from xlt.merge import combine
+  base = {"w": np.zeros(2, np.float32)}
+  experts = [{"w": np.array([2, -1], np.float32)}, {"w": np.array([4, 3], np.float32)}]
+  # density 1: sums [6, 2] elect + on both; entry 0 has two agreeing deltas, entry 1 one
+  np.testing.assert_array_equal(combine.ties(base, experts, density=1.0)["w"], [3, 3])
+  np.testing.assert_array_equal(combine.ties(base, experts, density=1.0, normalize=False)["w"], [6, 3])
+  np.testing.assert_array_equal(combine.ties(base, experts, density=1.0, normalize=False, scale=0.5)["w"], [3, 1.5])
+  np.testing.assert_array_equal(combine.ties(base, experts, density=1.0, convention="xlt", scale=2.0)["w"], [6, 6])
+  big = {"w": np.ones(64, np.float32)}
+  kept = combine.dare({"w": np.zeros(64, np.float32)}, [big], drop=0.5, seed=3, rescale=False)["w"]
+  np.testing.assert_array_equal(kept, combine.dare_mask(3, 0, ("w",), (64,), 0.5).astype(np.float32))
+
+
+def test_mergekit_yaml_ties_lambda_normalize_false_and_dare_rescale_false():
+  from xlt.merge.from_mergekit import from_mergekit
+  models = [{"model": "b"}, {"model": "x", "parameters": {"weight": 1.0, "density": 0.5}},
+            {"model": "y", "parameters": {"weight": 0.5, "density": 0.5}}]
+  ties = from_mergekit({"merge_method": "ties", "base_model": "b", "models": models,
+                        "parameters": {"normalize": False, "lambda": 0.5}})
+  assert ties["method"] == "ties" and ties["options"]["normalize"] is False and ties["options"]["scale"] == 0.5
+  dare = from_mergekit({"merge_method": "dare_linear", "base_model": "b", "models": models,
+                        "parameters": {"rescale": False}})
+  assert dare["method"] == "dare" and dare["options"]["rescale"] is False and dare["options"]["drop"] == 0.5

@@ -128,16 +128,18 @@ def task_arithmetic(base, experts, lambdas: float | Sequence[float] = 1.0, *, ma
   return _sum_deltas(base, experts, lambdas, lambda i, d: d)
 
 
-def _ties_options(n: int, *, density, lambdas, convention):
+def _ties_options(n: int, *, density, lambdas, convention, normalize, scale):
   core.check_range("TIES density", density, 0.0, 1.0, low_open=True)
+  if not np.isfinite(scale):
+    raise ValueError(f"TIES scale must be a finite number, got {scale}")
   return {"density": density, "lambdas": core.per_expert(lambdas, n, "TIES lambdas"),
-          "convention": _convention(convention, "TIES")}
+          "convention": _convention(convention, "TIES"), "normalize": bool(normalize), "scale": float(scale)}
 
 
 @declare.per_tensor("ties", ("base", "experts+"), mergekit="ties", trees=("masks",), prepare=_ties_options,
                     paper="Yadav et al. 2023, TIES-Merging: Resolving Interference When Merging Models")
 def ties(base, experts, *, density: float = 0.2, lambdas: float | Sequence[float] = 1.0, masks=None,
-         convention: str = "mergekit"):
+         convention: str = "mergekit", normalize: bool = True, scale: float = 1.0):
   """TIES-merging (Yadav et al. 2023): task arithmetic with interference resolved.
 
   Per tensor:
@@ -171,6 +173,9 @@ def ties(base, experts, *, density: float = 0.2, lambdas: float | Sequence[float
   masks: neuron masks restricting each delta before the trim (as in `task_arithmetic`).
   convention: "mergekit" (default: floor, + on a tie, divide by the sum of agreeing
     lambdas) or "xlt" (round, no sign on a tie, divide by the count); see above.
+  normalize: take the disjoint mean (default); False sums the agreeing trimmed deltas instead
+    (mergekit's `normalize: false`).
+  scale: multiplies the merged delta (mergekit's `lambda`, default 1).
   naming: how rows are laid out, for row masks.
   """
   b, mergekit = core.as_compute(base), convention == "mergekit"
@@ -184,11 +189,15 @@ def ties(base, experts, *, density: float = 0.2, lambdas: float | Sequence[float
   elected = np.where(summed >= 0, 1.0, -1.0) if mergekit else np.sign(summed)
   agree = (np.sign(trimmed) == elected) & (trimmed != 0)
   total = np.where(agree, trimmed, 0).sum(axis=0, dtype=np.float64)
-  if mergekit:
+  if not normalize:
+    merged = total
+  elif mergekit:
     divisor = np.where(agree, np.reshape(lambdas, (-1,) + (1,) * b.ndim), 0).sum(axis=0)
-    return b + (total / np.where(divisor == 0, 1, divisor)).astype(b.dtype)
-  count = agree.sum(axis=0)
-  return b + np.where(count > 0, total / np.maximum(count, 1), 0).astype(b.dtype)
+    merged = total / np.where(divisor == 0, 1, divisor)
+  else:
+    count = agree.sum(axis=0)
+    merged = np.where(count > 0, total / np.maximum(count, 1), 0)
+  return b + (merged if scale == 1.0 else scale * merged).astype(b.dtype)
 
 
 def _convention(convention: str, what: str) -> str:
@@ -227,19 +236,19 @@ def dare_mask(seed: int, expert_index: int, path, shape, drop: float) -> np.ndar
   return rng.random(shape) >= drop
 
 
-def _dare_options(n: int, *, drop, seed, lambdas, convention):
+def _dare_options(n: int, *, drop, seed, lambdas, convention, rescale):
   core.check_range("DARE drop", drop, 0.0, 1.0, high_open=True)
   if int(seed) != seed or seed < 0:
     raise ValueError(f"DARE seed must be a non-negative integer, got {seed}")
   return {"drop": drop, "seed": int(seed), "lambdas": core.per_expert(lambdas, n, "DARE lambdas"),
-          "convention": _convention(convention, "DARE")}
+          "convention": _convention(convention, "DARE"), "rescale": bool(rescale)}
 
 
 @declare.per_tensor("dare", ("base", "experts+"), mergekit="dare_linear", trees=("masks",), prepare=_dare_options,
                     paper="Yu et al. 2024, DARE: Language Models are Super Mario: Absorbing Abilities from "
                     "Homologous Models as a Free Lunch")
 def dare(base, experts, *, drop: float = 0.9, seed: int = 0, lambdas: float | Sequence[float] = 1.0,
-         masks=None, convention: str = "xlt", path=None):
+         masks=None, convention: str = "xlt", rescale: bool = True, path=None):
   """DARE (Yu et al. 2024, "Language models are Super Mario"): Drop And REscale each
   delta, then task arithmetic.
 
@@ -263,12 +272,16 @@ def dare(base, experts, *, drop: float = 0.9, seed: int = 0, lambdas: float | Se
   masks: neuron masks restricting each delta before the drop (as in `task_arithmetic`).
   convention: "xlt" (default: survivors times 1 / (1 - drop)) or "mergekit" (survivors
     rescaled to the delta's L1 norm, per tensor); see above.
+  rescale: False keeps the survivors as they are (mergekit's `rescale: false`: a plain random
+    drop); True rescales them by the convention's rule.
   naming: how rows are laid out, for row masks.
   """
   def drop_and_rescale(i, d):
     if drop == 0.0:
       return d
     keep = dare_mask(seed, i, path, d.shape, drop)
+    if not rescale:
+      return np.where(keep, d, 0).astype(d.dtype)
     if convention == "mergekit":
       return l1_rescaled(d, np.where(keep, d, 0).astype(d.dtype))
     return np.where(keep, d / (1.0 - drop), 0).astype(d.dtype)

@@ -202,10 +202,8 @@ def _set_global(method: str, options: dict, key: str, value, mk_key: str) -> dic
     elif value:
       options["lambdas"] = [w / sum(lambdas) for w in lambdas]
     return options
-  if method == "ties" and mk_key == "normalize":
-    if not value:
-      raise ValueError("parameters.normalize: false is not supported for ties (xlt's mergekit convention normalises)")
-    return options
+  if method == "ties" and mk_key == "normalize":  # xlt's default is mergekit's normalize: true
+    return options if value else options | {"normalize": False}
   if method == "soup" and mk_key == "normalize":
     if not value:
       raise ValueError("parameters.normalize: false is not supported for linear (xlt's soup normalises)")
@@ -320,8 +318,5 @@ def flags_aliases(method: str, inputs: dict, options: dict) -> tuple[str, dict]:
       experts = inputs.get("experts") or [None]
       n = len([p for p in experts.split(",") if p]) if isinstance(experts, str) else len(experts)
       options["lambdas"] = core.per_expert(options.get("lambdas", 1.0), n, f"{method} lambdas")
-    elif key == "lambda" and method == "ties":
-      raise ValueError("option lambda: xlt's ties cannot scale its merged delta after the mean (use lambdas, "
-                       "or dare_ties / breadcrumbs_ties with scale)")
     options = _set_global(method, options, _GLOBAL.get(key, key), value, key)
   return method, options
