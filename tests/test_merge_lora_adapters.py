@@ -72,3 +72,20 @@ def test_adapters_of_different_kernels_are_errors():
     lora_adapters.concat([a, b])
   with pytest.raises(ValueError, match="adapters is empty"):
     lora_adapters.concat([])
+
+
+def test_knots_is_ties_in_the_shared_singular_basis(llama):
+  from xlt.merge import combine
+  cfg, params, adapters = llama
+  one = lora_adapters.knots(adapters[:1])  # one adapter: its own delta
+  np.testing.assert_allclose(lora_adapters.delta(one, KERNEL), lora_adapters.delta(adapters[0], KERNEL), atol=1e-5)
+  got = lora_adapters.knots(adapters, density=0.5)
+  # the definition, on the dense deltas side by side
+  deltas = [lora_adapters.delta(a, KERNEL) for a in adapters]
+  u, s, vt = np.linalg.svd(np.concatenate(deltas, axis=1), full_matrices=False)
+  u, s, vt = u[:, :5], s[:5], vt[:5]  # the rank of the deltas side by side: 2 + 3
+  coords = [{"v": v} for v in np.split(vt, len(deltas), axis=1)]
+  v = combine.ties({"v": np.zeros_like(coords[0]["v"])}, coords, density=0.5, convention="xlt")["v"]
+  want = (u * s) @ v
+  np.testing.assert_allclose(lora_adapters.delta(got, KERNEL), want, atol=1e-4)
+  assert np.abs(want - sum(deltas)).max() > 1e-2  # not the plain sum

@@ -10,6 +10,8 @@ PEFT adapters as such trees). Two ways to merge:
   svd     the truncated SVD of the summed delta at a given rank (U_r S_r as b, V_r^T as a,
           scale 1): the best rank-r approximation of the sum (Eckart-Young), exact when the rank
           reaches the sum's.
+  knots   KnOTS: TIES on each adapter's coordinates in the shared singular basis of the deltas
+          side by side.
 
 Pure numpy over pytrees (no training code), so it merges adapter files anywhere; a kernel some
 adapters lack contributes only from those that have it.
@@ -105,3 +107,32 @@ def delta(adapters, path) -> np.ndarray:
   """The dense [out, in] delta s * b @ a of one kernel (float64): what the merges are checked by."""
   a, b = factors(adapters)[tuple(path)]
   return float(np.asarray(adapters["scale"])) * (b @ a)
+
+
+def knots(adapters_list, *, density: float = 1.0, lambdas: float | Sequence[float] = 1.0) -> dict:
+  """KnOTS (Stoica et al. 2025, Model merging with SVD to tie the KnOTS): the adapters' deltas
+  aligned in one basis, then TIES-merged there. Per kernel, the SVD of the deltas side by side,
+  [d_1 ... d_n] = U S [V_1; ...; V_n]^T, gives each adapter's coordinates V_i in the shared basis
+  U S; TIES (trim to `density` per V_i, elect each entry's sign, disjoint mean: xlt.merge.combine's
+  ties in its "xlt" convention) merges the V_i, and the adapter is b = U S, a = V_merged^T at
+  the rank of the deltas side by side (the sum of the ranks), scale 1.
+
+  density: in (0, 1], the fraction of each V_i's entries kept by magnitude (1: no trim).
+  lambdas: the scale of each adapter's delta before the alignment.
+  """
+  from xlt.merge import combine  # TIES on the coordinates
+  weights, by_path = _terms(adapters_list, lambdas)
+  merged = {}
+  for path, terms in by_path.items():
+    b = np.concatenate([weights[i] * b for i, _, b in terms], axis=1)  # [out, R]
+    qb, rb = np.linalg.qr(b)
+    blocks, start = [], 0  # rb @ blockdiag(a_i): the deltas side by side in qb's basis, [R, n * in]
+    for _, a, _ in terms:
+      blocks.append(rb[:, start:start + a.shape[0]] @ a)
+      start += a.shape[0]
+    u, s, vt = np.linalg.svd(np.concatenate(blocks, axis=1), full_matrices=False)
+    coords = [{"v": v} for v in np.split(vt, len(terms), axis=1)]  # V_i^T: [R, in] each
+    zero = {"v": np.zeros_like(coords[0]["v"])}
+    v = combine.ties(zero, coords, density=density, convention="xlt")["v"]
+    merged[path] = (v, (qb @ u) * s)
+  return _tree(merged, 1.0)
