@@ -31,7 +31,8 @@ def test_every_new_method_is_declared_with_its_paper():
     m = registry.get(name)
     assert paper in m.paper and [r.name for r in m.roles] == ["base", "experts"] and m.layer_aware is False
     assert all(o.help for o in m.options), name
-  assert registry.get("localize_and_stitch").option("losses").tree
+  losses = registry.get("localize_and_stitch").option("losses")
+  assert losses.tree and not losses.rows and not registry.get("localize_and_stitch").uses_layers({"losses": []})
 
 
 def test_tsv_m_of_orthogonal_rank_one_task_vectors_is_their_sum():
@@ -133,7 +134,7 @@ def test_localize_searches_the_mask_with_a_loss():
   out = localize.localize_and_stitch(base, [expert], sparsity=0.5, losses=[loss], steps=20, learning_rate=0.5,
                                      l1=0.01)
   np.testing.assert_array_equal(out["a"], [0, 1])
-  with pytest.raises(ValueError, match="option losses takes a parameter tree"):
+  with pytest.raises(ValueError, match="option losses takes Python objects, which only a Python call can give"):
     registry.check("localize_and_stitch", {"base": 0, "experts": [0]}, {"losses": [loss]}, trees_allowed=False)
 
 

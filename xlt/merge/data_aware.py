@@ -35,7 +35,7 @@ def _by_path(grams, n: int) -> list[dict]:
   return out
 
 
-@declare.method("regmean", ("experts+",), paper=_REGMEAN, trees=("grams",), layer_aware=True)
+@declare.method("regmean", ("experts+",), paper=_REGMEAN, python_only=("grams",), layer_aware=True)
 def regmean(experts, *, grams, alpha: float = 0.9, naming: Naming = XLT):
   """RegMean (Jin et al. 2023): each linear map merged to minimise the experts' summed squared
   output error on their own inputs, W = (sum_i W_i G_i) (sum_i G_i)^-1 in the [out, in] view, G_i
@@ -67,7 +67,7 @@ def regmean(experts, *, grams, alpha: float = 0.9, naming: Naming = XLT):
   return core.over_leaves(merge, {"experts": experts}, lists=("experts",))
 
 
-@declare.method("fisher", ("experts+",), paper=_FISHER, trees=("fishers",))
+@declare.method("fisher", ("experts+",), paper=_FISHER, python_only=("fishers",))
 def fisher(experts, *, fishers, weights: Sequence[float] | None = None, normalize: bool = False,
            eps: float = 1e-6, naming: Naming = XLT):
   """Fisher merging (Matena & Raffel 2022): each parameter the experts' mean weighted by their

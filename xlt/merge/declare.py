@@ -58,12 +58,15 @@ class Role:
 @dataclasses.dataclass(frozen=True)
 class Option:
   """One keyword of a method: `type` is the annotation as written ("" when none);
-  `tree` options take parameter trees (masks), so only Python callers can set them."""
+  `tree` options take parameter trees (masks) or other Python objects (statistics, loss
+  functions), so only Python callers can set them; `rows`: such a value places neurons in rows
+  (a mask does: the naming must know the architecture)."""
   name: str
   type: str
   default: Any
   help: str
   tree: bool = False
+  rows: bool = False
 
   @property
   def required(self) -> bool:
@@ -97,7 +100,7 @@ class Method:
     """Whether this call reads the naming's blocks or rows: the method always does, or
     these options make it (a tree option, a neuron mask, always does)."""
     options = options or {}
-    if any(o.tree and options.get(o.name) is not None for o in self.options):
+    if any(o.rows and options.get(o.name) is not None for o in self.options):
       return True
     if per_layer_options(self, options):
       return True  # per-layer values (xlt.merge.layerwise): the blocks must be known
@@ -147,11 +150,12 @@ METHODS: dict[str, Method] = {}  # every declared method, in declaration (import
 
 
 def register(name: str, fn: Callable, roles: tuple[str, ...], paper: str, *, trees: tuple[str, ...] = (),
-             hidden: tuple[str, ...] = (), layer_aware: bool | Callable[[dict], bool] = False,
+             python_only: tuple[str, ...] = (), hidden: tuple[str, ...] = (), layer_aware: bool | Callable[[dict], bool] = False,
              mergekit: str | None = None, per_tensor: Callable | None = None) -> Method:
   """Adds a method over trees: `roles` are fn's leading positional parameters ("name+" for a
   list of models), every other parameter but `naming` and `hidden` ones is an option; `trees`
-  names the options that take parameter trees; `layer_aware` says whether it reads the
+  names the options that take neuron masks (parameter trees placing rows), `python_only` those
+  that take other Python objects (statistics, functions); `layer_aware` says whether it reads the
   naming's blocks or rows (`Method.layer_aware`); `mergekit` is mergekit's name for it."""
   if name in METHODS:
     raise ValueError(f"merge method {name} is declared twice")
@@ -160,7 +164,8 @@ def register(name: str, fn: Callable, roles: tuple[str, ...], paper: str, *, tre
   if list(params)[:len(roles)] != role_names:
     raise ValueError(f"{name}: roles {role_names} are not the first parameters of {fn.__name__}")
   doc = docstring_args(fn)
-  options = tuple(Option(p.name, _annotation(p), p.default, doc.get(p.name, ""), p.name in trees)
+  options = tuple(Option(p.name, _annotation(p), p.default, doc.get(p.name, ""), p.name in (*trees, *python_only),
+                         p.name in trees)
                   for p in list(params.values())[len(roles):] if p.name not in ("naming", *hidden))
   summary = sentence(" ".join((inspect.getdoc(fn) or "").split("\n\n")[0].split()))
   method = Method(name, fn, tuple(Role(r.rstrip("+"), r.endswith("+"), ROLE_HELP[r.rstrip("+")]) for r in roles),

@@ -99,7 +99,7 @@ def _top_masks(tvs_by_leaf: list, sparsity: float, scope: str) -> list:
   return out
 
 
-@declare.method("localize_and_stitch", ("base", "experts+"), paper=_STITCH, trees=("losses",))
+@declare.method("localize_and_stitch", ("base", "experts+"), paper=_STITCH, python_only=("losses",))
 def localize_and_stitch(base, experts, *, sparsity: float = 0.01, scope: str = "model",
                         losses: Sequence[Callable] | None = None, steps: int = 20, learning_rate: float = 0.1,
                         l1: float = 1.0, naming: Naming = XLT):

@@ -103,8 +103,9 @@ def check(method: str, inputs: dict, options: dict | None = None, *, trees_allow
   for name, value in options.items():
     o = m.option(name)
     if o.tree and not trees_allowed and value is not None:
-      raise ValueError(f"merge method {method}: option {name} takes a parameter tree, which only a "
-                       "Python call can give (xlt.merge.registry.merge)")
+      what = "a parameter tree" if o.rows else "Python objects"
+      raise ValueError(f"merge method {method}: option {name} takes {what}, which only a Python call can give "
+                       "(xlt.merge.registry.merge)")
     per_layer = bool(declare.per_layer_options(m, {name: value}))
     if not o.tree and not per_layer and not _type_ok(value, o.type):
       shown = " ".join(repr(value).split())
@@ -187,7 +188,7 @@ def describe(method: str | None = None) -> str:
     lines.append("  options:" if m.options else "  options: none")
     for o in m.options:
       default = "required" if o.required else f"default {o.default!r}"
-      kind = "parameter tree, Python only" if o.tree else o.type
+      kind = ("parameter tree, Python only" if o.rows else "Python only") if o.tree else o.type
       lines.append(f"    {o.name} ({kind}; {default}): {o.help}")
     blocks.append("\n".join(lines))
   return "\n\n".join(blocks)
