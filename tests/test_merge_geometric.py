@@ -269,3 +269,15 @@ def test_command_slerp_with_per_block_t_matches_mergekit(tmp_path):
   got = load_file(str(out / "model.safetensors"))
   assert max_diff(got, load_file(os.path.join(GEOMETRIC, "slerp_gradient.safetensors"))) < TOLERANCE
   assert (out / "config.json").exists()
+
+
+def test_arcee_fusion_in_mergekit_float32_precision():
+  method, inputs, options = CASES["arcee_fusion"]
+  trees = {r: model(m) for r, m in inputs.items()}
+  want = load_file(os.path.join(GEOMETRIC, "arcee_fusion.safetensors"))
+  got = registry.merge(method, trees, {**options, "precision": "float32"}, naming="auto")
+  assert max_diff(got, want) < TOLERANCE
+  k = "model.layers.0.self_attn.k_proj.weight"
+  assert selective.fusion_importance((k,), trees["base"][k], trees["other"][k], HF, np.float32).dtype == np.float32
+  with pytest.raises(ValueError, match="precision must be 'float64' or 'float32'"):
+    selective.arcee_fusion(trees["base"], trees["other"], precision="float16", naming=HF)

@@ -18,20 +18,20 @@ from xlt.paths import XLT, Naming
 _RAM = "Yuan et al. 2026, Behavior Knowledge Merge in Reinforced Agentic Models"
 
 
-def _softmax_rows(x) -> np.ndarray:
-  x = np.asarray(x, np.float64)
+def _softmax_rows(x, dtype=np.float64) -> np.ndarray:
+  x = np.asarray(x, dtype)
   e = np.exp(x - x.max(axis=1, keepdims=True))
   return e / e.sum(axis=1, keepdims=True)
 
 
-def fusion_importance(path, base, other, naming: Naming = XLT) -> np.ndarray:
-  """Arcee Fusion's importance of each entry of one tensor (float64, the tensor's rows view):
+def fusion_importance(path, base, other, naming: Naming = XLT, dtype=np.float64) -> np.ndarray:
+  """Arcee Fusion's importance of each entry of one tensor (in `dtype`, the tensor's rows view):
   |other - base| times the KL divergence KL(softmax(other row) || softmax(base row)) of its row,
   each softmax plus 1e-8 (mergekit's)."""
   a, b = naming.rows(path, core.as_compute(base)), naming.rows(path, core.as_compute(other))
-  p, q = _softmax_rows(b) + 1e-8, _softmax_rows(a) + 1e-8
+  p, q = _softmax_rows(b, dtype) + dtype(1e-8), _softmax_rows(a, dtype) + dtype(1e-8)
   kl = np.sum(p * np.log(p / q), axis=1, keepdims=True)
-  return np.abs(b.astype(np.float64) - a) * kl
+  return np.abs(b.astype(dtype) - a.astype(dtype)) * kl
 
 
 def fusion_threshold(importance) -> float:
@@ -44,7 +44,7 @@ def fusion_threshold(importance) -> float:
 
 @declare.per_tensor("arcee_fusion", ("base", "other"), mergekit="arcee_fusion", layer_aware=True,
                     paper="Arcee AI, Arcee Fusion (no paper: mergekit's arcee_fusion.py)")
-def arcee_fusion(base, other, *, path=None, naming: Naming = XLT):
+def arcee_fusion(base, other, *, precision: str = "float64", path=None, naming: Naming = XLT):
   """Arcee Fusion (Arcee AI, mergekit's "arcee_fusion"; no paper: mergekit's source): the
   base with the other model's values where the change is an outlier of importance, per tensor.
 
@@ -55,12 +55,17 @@ def arcee_fusion(base, other, *, path=None, naming: Naming = XLT):
   10^6 entries drawn at random (torch's global generator); xlt sorts them all, so its merge is
   deterministic and, on such tensors, can differ from mergekit's near the threshold.
 
+  precision: "float64" (default: xlt's, so the entries at the threshold do not depend on
+    rounding) or "float32" (mergekit's: its softmax and KL run in float32, which moves a few
+    entries per model across the threshold against float64).
   naming: where the rows of each tensor are (the softmax runs along each row).
   """
+  if precision not in ("float64", "float32"):
+    raise ValueError(f"arcee_fusion precision must be 'float64' or 'float32', got {precision!r}")
   a, b = core.as_compute(base), core.as_compute(other)
   if a.size == 0:
     return a
-  importance = fusion_importance(path, a, b, naming)
+  importance = fusion_importance(path, a, b, naming, np.dtype(precision).type)
   keep = naming.from_rows(path, importance >= fusion_threshold(importance), a.shape)
   return a + (b - a) * keep.astype(a.dtype)
 
