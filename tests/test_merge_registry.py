@@ -400,3 +400,36 @@ def test_mergekit_yaml_ties_lambda_normalize_false_and_dare_rescale_false():
   dare = from_mergekit({"merge_method": "dare_linear", "base_model": "b", "models": models,
                         "parameters": {"rescale": False}})
   assert dare["method"] == "dare" and dare["options"]["rescale"] is False and dare["options"]["drop"] == 0.5
+
+
+def test_a_mergekit_yaml_on_gpt2_reads_rows_as_mergekit_does(tmp_path):
+  import json
+  import shutil
+  from configs import merge_files
+  from xlt.merge import from_mergekit, tool
+  from xlt.merge.__main__ import merge_config, with_yaml
+  gpt2 = os.path.join(REPO, "tests", "fixtures", "hf", "gpt2")
+  other = tmp_path / "gpt2_b"
+  shutil.copytree(gpt2, other)
+  tensors = load_file(str(other / "model.safetensors"))
+  rng = np.random.default_rng(0)
+  from safetensors.numpy import save_file
+  save_file({k: v + 0.01 * rng.normal(size=v.shape).astype(v.dtype) for k, v in tensors.items()},
+            str(other / "model.safetensors"), metadata={"format": "pt"})
+  yml = tmp_path / "della.yml"
+  yml.write_text(f"merge_method: della\nbase_model: {gpt2}\nmodels:\n  - model: {other}\n    parameters:\n"
+                 "      weight: 1.0\n      density: 0.5\n      epsilon: 0.1\n")
+  mapped = from_mergekit.load_yaml(str(yml))
+  assert mapped["naming"] == "transformer.h.{i}."  # Conv1D: mergekit's rows are raw axis 0
+  summary = merge_config(with_yaml(merge_files.get_config(), str(yml)) | {"output": str(tmp_path / "yaml"),
+                                                                          "heatmaps": False})
+  assert summary["naming"] != "hf"
+  got = load_file(str(tmp_path / "yaml" / "model.safetensors"))
+  kw = dict(options=mapped["options"], heatmaps=False)
+  tool.merge_files(mapped["inputs"], "della", str(tmp_path / "flag"), naming="transformer.h.{i}.", **kw)
+  tool.merge_files(mapped["inputs"], "della", str(tmp_path / "hf"), naming="hf", **kw)
+  flag, hf_rows = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("flag", "hf"))
+  k = "transformer.h.0.attn.c_attn.weight"
+  np.testing.assert_array_equal(got[k], flag[k])
+  assert not np.array_equal(got[k], hf_rows[k])
+  assert json.loads((tmp_path / "yaml" / "merge_config.json").read_text())["naming"] == "transformer.h.{i}."

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 
-from xlt.merge import core, registry
+from xlt.merge import core, fileio, registry
 
 _TOP_KEYS = ("merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype",
              "tokenizer_source")
@@ -52,7 +52,8 @@ _IGNORED = ("int8_mask",)  # mergekit's memory knob: no effect on the result
 
 
 def load_yaml(path: str) -> dict:
-  """The mapped config ({method, inputs, options, dtype, vocab}) of mergekit YAML `path`."""
+  """The mapped config ({method, inputs, options, dtype, vocab}, and naming for Conv1D models) of
+  mergekit YAML `path`."""
   import yaml
   try:
     with open(path) as f:
@@ -62,9 +63,32 @@ def load_yaml(path: str) -> dict:
   if not isinstance(cfg, dict):
     raise ValueError(f"{path}: a mergekit config is a mapping with merge_method, models or slices")
   try:
-    return from_mergekit(cfg)
+    mapped = from_mergekit(cfg)
   except ValueError as e:
     raise ValueError(f"mergekit config {path}: {e}") from None
+  if naming := _raw_axes_naming(mapped["inputs"]):
+    mapped["naming"] = naming
+  return mapped
+
+
+# Hugging Face model types whose linear weights are Conv1D ([in, out]) and their block prefix
+_CONV1D = {"gpt2": "transformer.h.{i}."}
+
+
+def _raw_axes_naming(inputs: dict) -> str | None:
+  """The naming that reads rows as mergekit does, by raw axis 0, for models whose weights are
+  GPT-2's Conv1D (found from the inputs' config.json): xlt's "hf" rule takes their output units,
+  mergekit their input units, so a YAML alone would not give mergekit's row-wise merges."""
+  for model in (m for v in inputs.values() for m in (v if isinstance(v, list) else [v])):
+    try:
+      fileio.check_size(os.path.join(model, "config.json"), 1 << 20)
+      with open(os.path.join(model, "config.json")) as f:
+        model_type = json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError):
+      continue
+    if model_type in _CONV1D:
+      return _CONV1D[model_type]
+  return None
 
 
 def from_mergekit(cfg: dict) -> dict:
