@@ -89,3 +89,33 @@ def test_knots_is_ties_in_the_shared_singular_basis(llama):
   want = (u * s) @ v
   np.testing.assert_allclose(lora_adapters.delta(got, KERNEL), want, atol=1e-4)
   assert np.abs(want - sum(deltas)).max() > 1e-2  # not the plain sum
+
+
+def test_a_mergekit_model_plus_adapter_reference_merges_the_peft_adapter_in(tmp_path):
+  import json
+  import os
+  from safetensors.numpy import load_file
+  from xlt.merge import from_mergekit, tool
+  fixtures = os.path.join(os.path.dirname(__file__), "fixtures")
+  base, adapter = os.path.join(fixtures, "hf", "llama"), os.path.join(fixtures, "peft", "llama", "peft_adapter")
+  with open(os.path.join(adapter, "adapter_config.json")) as f:
+    config = json.load(f)
+  scaling = config["lora_alpha"] / config["r"]  # plain LoRA
+  factors = load_file(os.path.join(adapter, "adapter_model.safetensors"))
+  weights = load_file(os.path.join(base, "model.safetensors"))
+  want = dict(weights)
+  for name in {k.rsplit(".lora_", 1)[0] for k in factors}:
+    a, b = (factors[f"{name}.lora_{n}.weight"].astype(np.float64) for n in "AB")
+    key = name.removeprefix("base_model.model.") + ".weight"
+    want[key] = (weights[key] + scaling * b @ a).astype(np.float32)
+  got = lora_adapters.with_peft(weights, adapter)
+  assert sum(not np.array_equal(got[k], weights[k]) for k in got) == 4  # q_proj, v_proj of 2 layers
+  for k in want:
+    np.testing.assert_allclose(got[k], want[k], atol=1e-6)
+  # in a mergekit YAML: the adapted model as one of the inputs
+  mapped = from_mergekit.from_mergekit({"merge_method": "linear", "models": [{"model": f"{base}+{adapter}"}]})
+  tool.merge_files(mapped["inputs"], mapped["method"], str(tmp_path / "out"), mapped["options"], heatmaps=False)
+  out = load_file(str(tmp_path / "out" / "model.safetensors"))
+  for k in want:
+    np.testing.assert_allclose(out[k], want[k], atol=1e-6)
+  assert os.path.exists(tmp_path / "out" / "config.json")  # the model's own config, through the reference

@@ -109,6 +109,10 @@ def test_what_is_not_a_lora_adapter_is_one_clear_line(tmp_path):
   (tmp_path / peft_io.CONFIG).write_text(json.dumps({"peft_type": "LORA", "r": 1, "lora_alpha": 1}))
   save_file({f"{peft_io.PREFIX}lm_head.lora_A.weight": np.zeros((1, 16), np.float32)},
             str(tmp_path / peft_io.WEIGHTS))
+  with pytest.raises(ValueError, match=r"module lm_head has \['A'\] of the factors A and B"):
+    peft_io.read(str(tmp_path), cfg, params)
+  save_file({f"{peft_io.PREFIX}lm_head.lora_{n}.weight": np.zeros((1, 1), np.float32) for n in "AB"},
+            str(tmp_path / peft_io.WEIGHTS))
   with pytest.raises(ValueError, match="module lm_head is no projection of this model"):
     peft_io.read(str(tmp_path), cfg, params)
 

@@ -28,13 +28,10 @@ import numpy as np
 
 from xlt import model as model_lib
 from xlt import pretrained
-from xlt.merge import fileio, files
+from xlt.merge import fileio, files, lora_adapters
 from xlt.paths import XLT, path_names, path_str
 
-CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
-PREFIX = "base_model.model."  # PEFT's name of the wrapped model's modules
-MAX_CONFIG_BYTES = 1 << 20
-MAX_WEIGHTS_BYTES = 1 << 34
+CONFIG, WEIGHTS, PREFIX = lora_adapters.PEFT_CONFIG, lora_adapters.PEFT_WEIGHTS, lora_adapters.PEFT_PREFIX
 
 
 class _Index:
@@ -81,7 +78,6 @@ def module_maps(cfg: model_lib.Config, params, kernels, family: str | None = Non
 def to_peft(cfg: model_lib.Config, params, adapters, family: str | None = None,
             base_model: str = "") -> tuple[dict, dict]:
   """(adapter_config.json's dict, {tensor name: array}) of an xlt adapter tree on `params`."""
-  from xlt.merge import lora_adapters
   by_path = lora_adapters.factors(adapters)
   maps = module_maps(cfg, params, by_path, family)
   s = float(np.asarray(adapters["scale"]))
@@ -121,59 +117,22 @@ def save(cfg: model_lib.Config, params, adapters, out_dir: str, *, family: str |
   return config
 
 
-def _read_config(adapter_dir: str) -> dict:
-  path = os.path.join(adapter_dir, CONFIG)
-  if not os.path.isfile(path):
-    raise ValueError(f"{adapter_dir} is not a PEFT adapter: no {CONFIG}")
-  fileio.check_size(path, MAX_CONFIG_BYTES)
-  with open(path) as f:
-    try:
-      config = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{path} is not JSON: {e}") from None
-  if config.get("peft_type") != "LORA" or config.get("use_dora") or config.get("bias", "none") != "none":
-    raise ValueError(f"{path}: only plain LoRA adapters are read (peft_type LORA, no DoRA, bias none)")
-  return config
-
-
-def _scale(config: dict, module: str, rank: int) -> float:
-  """PEFT's scaling of `module`'s adapter: alpha / sqrt(r) (rsLoRA) or alpha / r."""
-  alpha = next((v for k, v in (config.get("alpha_pattern") or {}).items() if _matches(k, module)),
-               config.get("lora_alpha", 8))
-  return float(alpha) / (math.sqrt(rank) if config.get("use_rslora") else rank)
-
-
-def _matches(pattern: str, module: str) -> bool:
-  import re
-  return bool(re.fullmatch(pattern, module) or re.match(rf"(.*\.)?{pattern}$", module))
-
-
 def read(adapter_dir: str, cfg: model_lib.Config, params, *, family: str | None = None) -> dict:
   """The xlt adapter tree of a PEFT LoRA adapter directory for `params` (config `cfg`): a kernel
   written as one module takes its factors (rows and columns reordered); several modules of one
   kernel (q, k and v of a fused qkv) share a lora_A when theirs are equal, else stack their
   ranks. One scale when every module has the same, else each folded into its lora_B (scale 1)."""
-  config = _read_config(adapter_dir)
-  weights = os.path.join(adapter_dir, WEIGHTS)
-  fileio.check_size(weights, MAX_WEIGHTS_BYTES)
-  tensors = files.load(weights, lazy=False)
-  modules: dict = {}
-  for name, x in tensors.items():
-    if not name.startswith(PREFIX) or not name.endswith((".lora_A.weight", ".lora_B.weight")):
-      raise ValueError(f"{weights}: tensor {name} is not a LoRA factor of a linear module (embedding, "
-                       "DoRA and saved modules are not read)")
-    module, which = name[len(PREFIX):].rsplit(".lora_", 1)
-    modules.setdefault(module, {})[which[0]] = np.asarray(x, np.float64)
+  _, modules = lora_adapters.read_peft(adapter_dir)
   by_module = _module_index(cfg, params, family)
   unknown = sorted(set(modules) - set(by_module))
   if unknown:
-    raise ValueError(f"{weights}: module {unknown[0]} is no projection of this model xlt maps")
-  scales = {m: _scale(config, m, ab["A"].shape[0]) for m, ab in modules.items()}
+    raise ValueError(f"{adapter_dir}: module {unknown[0]} is no projection of this model xlt maps")
+  scales = {m: scaling for m, (_, _, scaling) in modules.items()}
   one = len(set(scales.values())) == 1
   grouped: dict = {}
-  for m, ab in modules.items():
+  for m, (a, b, scaling) in modules.items():
     path, out_rows, in_cols, shape = by_module[m]
-    grouped.setdefault(path, []).append((ab["A"], ab["B"] * (1.0 if one else scales[m]), out_rows, in_cols, shape))
+    grouped.setdefault(path, []).append((a, b * (1.0 if one else scaling), out_rows, in_cols, shape))
   out: dict = {"scale": np.float32(next(iter(scales.values())) if one else 1.0)}
   for path, parts in grouped.items():
     a, b = _factors(parts)

@@ -9,7 +9,7 @@ rescale, ...), `dtype` / `out_dtype` (the output's dtype: xlt always computes in
 whose sources all cover every layer (the same as `models`), and a passthrough layer swap
 (model A's layers [0, b) and [L-u, L), model B's [b, L-u), each at its own position).
 Everything else (per-layer gradients of a per-model value, `filter`ed values, layer stacks
-that change the depth, LoRA `model+adapter` references, tokenizer and chat template blocks)
+that change the depth, tokenizer and chat template blocks)
 is refused with one line naming the key. mergekit's defaults are written out where xlt's
 differ (density 1.0, ties/dare in mergekit's convention), so a mapped merge is mergekit's.
 """
@@ -121,10 +121,11 @@ def from_mergekit(cfg: dict) -> dict:
 def _model(ref, where: str) -> str:
   if not isinstance(ref, str) or not ref:
     raise ValueError(f"{where}: a model is a path, got {ref!r}")
-  if "+" in ref:
-    raise ValueError(f"{where}: {ref!r} names a LoRA adapter (model+adapter), which xlt does not apply; "
-                     "merge the adapter into the model first")
-  return ref
+  model, sep, adapter = ref.partition("+")
+  if sep and not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
+    raise ValueError(f"{where}: {ref!r} names a LoRA adapter {adapter!r} that is not a PEFT adapter directory "
+                     "(adapter_config.json beside adapter_model.safetensors)")
+  return ref  # "model+adapter": the tool merges the PEFT adapter into the model as it reads it
 
 
 def _vocab(source) -> str | None:

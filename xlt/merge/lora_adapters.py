@@ -136,3 +136,71 @@ def knots(adapters_list, *, density: float = 1.0, lambdas: float | Sequence[floa
     v = combine.ties(zero, coords, density=density, convention="xlt")["v"]
     merged[path] = (v, (qb @ u) * s)
   return _tree(merged, 1.0)
+
+
+# ---- PEFT adapter files, by Hugging Face module name (xlt.peft_io maps them onto xlt's kernels)
+
+PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."  # PEFT's name of the wrapped model's modules
+MAX_CONFIG_BYTES, MAX_WEIGHTS_BYTES = 1 << 20, 1 << 34
+
+
+def read_peft(adapter_dir: str) -> tuple[dict, dict]:
+  """(adapter_config.json, {module name: (A [r, in], B [out, r], scaling)}) of a PEFT LoRA adapter
+  directory, float64, each scaling PEFT's (lora_alpha / sqrt(r) with use_rslora, else / r;
+  alpha_pattern per module). Only plain LoRA on linear modules is read: anything else (DoRA,
+  biases, embedding factors, saved modules) is a one-line ValueError; sizes are checked first."""
+  import json
+  import os
+  from xlt.merge import fileio, files
+  path = os.path.join(adapter_dir, PEFT_CONFIG)
+  if not os.path.isfile(path):
+    raise ValueError(f"{adapter_dir} is not a PEFT adapter: no {PEFT_CONFIG}")
+  fileio.check_size(path, MAX_CONFIG_BYTES)
+  with open(path) as f:
+    try:
+      config = json.load(f)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path} is not JSON: {e}") from None
+  if config.get("peft_type") != "LORA" or config.get("use_dora") or config.get("bias", "none") != "none":
+    raise ValueError(f"{path}: only plain LoRA adapters are read (peft_type LORA, no DoRA, bias none)")
+  weights = os.path.join(adapter_dir, PEFT_WEIGHTS)
+  fileio.check_size(weights, MAX_WEIGHTS_BYTES)
+  modules: dict = {}
+  for name, x in files.load(weights, lazy=False).items():
+    if not name.startswith(PEFT_PREFIX) or not name.endswith((".lora_A.weight", ".lora_B.weight")):
+      raise ValueError(f"{weights}: tensor {name} is not a LoRA factor of a linear module (embedding, "
+                       "DoRA and saved modules are not read)")
+    module, which = name[len(PEFT_PREFIX):].rsplit(".lora_", 1)
+    modules.setdefault(module, {})[which[0]] = np.asarray(x, np.float64)
+  if bad := next((m for m, ab in modules.items() if set(ab) != {"A", "B"}), None):
+    raise ValueError(f"{weights}: module {bad} has {sorted(modules[bad])} of the factors A and B")
+  return config, {m: (ab["A"], ab["B"], _peft_scaling(config, m, ab["A"].shape[0])) for m, ab in modules.items()}
+
+
+def _peft_scaling(config: dict, module: str, rank: int) -> float:
+  import re
+  alpha = next((v for k, v in (config.get("alpha_pattern") or {}).items()
+                if re.fullmatch(k, module) or re.match(rf"(.*\.)?{k}$", module)), config.get("lora_alpha", 8))
+  return float(alpha) / (np.sqrt(rank) if config.get("use_rslora") else rank)
+
+
+def with_peft(tensors: dict, adapter_dir: str) -> dict:
+  """Hugging Face-named tensors with a PEFT LoRA adapter merged in: each adapted module's weight
+  plus scaling * B @ A ([out, in]; its transpose for GPT-2's Conv1D [in, out], PEFT's
+  fan_in_fan_out), in the weight's dtype; the other tensors as they are (mergekit's
+  `model+adapter` reference)."""
+  _, modules = read_peft(adapter_dir)
+  out = dict(tensors)
+  for module, (a, b, scaling) in modules.items():
+    name = next((n for n in (f"{module}.weight", f"{module.split('.', 1)[-1]}.weight") if n in tensors), None)
+    if name is None:
+      raise ValueError(f"{adapter_dir}: the adapter's module {module} has no weight in the model")
+    w = np.asarray(tensors[name])
+    d = scaling * (b @ a)
+    if d.shape != w.shape:
+      if d.T.shape != w.shape:
+        raise ValueError(f"{adapter_dir}: {module}'s delta is {d.shape}, its weight {w.shape}")
+      d = d.T
+    out[name] = (w.astype(np.float64) + d).astype(w.dtype)
+  return out

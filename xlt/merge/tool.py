@@ -17,8 +17,24 @@ import os
 import numpy as np
 
 from xlt import paths as naming_lib
-from xlt.merge import analysis, hf, registry
+from xlt.merge import analysis, hf, lora_adapters, registry
 from xlt.merge.files import load
+
+
+def _adapter_of(path: str) -> tuple[str, str | None]:
+  """(model, PEFT adapter directory or None) of an input: mergekit's "model+adapter" reference
+  when the part after "+" is an adapter directory, else the path itself."""
+  model, sep, adapter = str(path).partition("+")
+  if sep and os.path.isfile(os.path.join(adapter, lora_adapters.PEFT_CONFIG)):
+    return model, adapter
+  return str(path), None
+
+
+def load_input(path: str) -> dict:
+  """An input's tensors: a checkpoint (lazy), or "model+adapter": the model with the PEFT LoRA
+  adapter merged in (its adapted weights read and summed; lora_adapters.with_peft)."""
+  model, adapter = _adapter_of(path)
+  return load(model) if adapter is None else lora_adapters.with_peft(load(model), adapter)
 
 
 def source_model(inputs: dict, roles: list[str], config_from: str | None = None) -> str | None:
@@ -29,15 +45,16 @@ def source_model(inputs: dict, roles: list[str], config_from: str | None = None)
     if config_from not in inputs:
       raise ValueError(f"config_from={config_from!r} is not one of the inputs {sorted(inputs)}")
     path = inputs[config_from]
-    path = path[0] if isinstance(path, (list, tuple)) else path
+    path = _adapter_of(path[0] if isinstance(path, (list, tuple)) else path)[0]
     if not os.path.isfile(os.path.join(path, hf.CONFIG)):
       raise ValueError(f"config_from={config_from!r}: {path} has no {hf.CONFIG}")
     return path
   for role in ["base"] + roles:
     paths = inputs.get(role, [])
     for path in paths if isinstance(paths, (list, tuple)) else [paths]:
-      if os.path.isfile(os.path.join(path, hf.CONFIG)):
-        return path
+      model = _adapter_of(path)[0]  # "model+adapter": the model's config and tokenizer
+      if os.path.isfile(os.path.join(model, hf.CONFIG)):
+        return model
   return None
 
 
@@ -80,7 +97,8 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
   roles = [r.name for r in m.roles]
   registry.check(method, {r: v for r, v in inputs.items() if r in roles or r != "base"}, options,
                  trees_allowed=False)
-  trees = {r: [load(p) for p in v] if isinstance(v, (list, tuple)) else load(v) for r, v in inputs.items()}
+  trees = {r: [load_input(p) for p in v] if isinstance(v, (list, tuple)) else load_input(v)
+           for r, v in inputs.items()}
   labelled = _labelled(inputs, trees, ["base"] + roles)
   first = labelled[0][1]
   nm = registry.naming_for_method(m, options, list(first), naming)
