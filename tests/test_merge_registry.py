@@ -114,7 +114,7 @@ def test_every_method_by_name_equals_its_function():
     (("soup", {"experts": "x"}, {}), "input experts is a non-empty list of models, got str"),
     (("soup", {"experts": []}, {}), "input experts is a non-empty list of models, got list"),
     (("ties", {"base": "b", "experts": ["x"]}, {"drop": 0.1}),
-     "ties has no option drop; its options: density, lambdas, masks, convention, normalize, scale"),
+     "ties has no option drop; its options: density, lambdas, masks"),
     (("sparsify_rows", {"expert": "e", "base": "b"}, {}), r"sparsify_rows needs option threshold \(no default\)"),
     (("layer_swap", {"task_expert": "t", "language_expert": "l"}, {"bottom": 1}), "needs option top"),
     (("ties", {"base": "b", "experts": ["x"]}, {"density": "high"}), "option density must be float, got 'high'"),
@@ -433,3 +433,27 @@ def test_a_mergekit_yaml_on_gpt2_reads_rows_as_mergekit_does(tmp_path):
   np.testing.assert_array_equal(got[k], flag[k])
   assert not np.array_equal(got[k], hf_rows[k])
   assert json.loads((tmp_path / "yaml" / "merge_config.json").read_text())["naming"] == "transformer.h.{i}."
+
+
+def test_per_model_densities_for_ties_and_dare():
+  from xlt.merge import combine
+  from xlt.merge.from_mergekit import from_mergekit
+  base = {"w": np.zeros(4, np.float32)}
+  experts = [{"w": np.array([4, 3, 2, 1], np.float32)}, {"w": np.array([1, 2, 3, 4], np.float32)}]
+  # expert 0 keeps all four entries, expert 1 its top half: [3, 4]; means of the agreeing entries
+  got = combine.ties(base, experts, densities=[1.0, 0.5])["w"]
+  np.testing.assert_array_equal(got, [4, 3, 2.5, 2.5])
+  np.testing.assert_array_equal(combine.ties(base, experts, density=0.5, densities=[0.5, 0.5])["w"],
+                                combine.ties(base, experts, density=0.5)["w"])
+  big = [{"w": np.ones(64, np.float32)}, {"w": np.full(64, 2.0, np.float32)}]
+  zero = {"w": np.zeros(64, np.float32)}
+  mixed = combine.dare(zero, big, drops=[0.0, 0.5], seed=1)["w"]
+  keep = combine.dare_mask(1, 1, ("w",), (64,), 0.5)
+  np.testing.assert_array_equal(mixed, 1 + np.where(keep, 4.0, 0.0))
+  with pytest.raises(ValueError, match="TIES densities has 1 values for 2 experts"):
+    combine.ties(base, experts, densities=[0.5])
+  models = [{"model": "b"}, {"model": "x", "parameters": {"density": 0.5}}, {"model": "y", "parameters": {"density": 0.3}}]
+  assert from_mergekit({"merge_method": "ties", "base_model": "b", "models": models})["options"]["densities"] == [
+      0.5, 0.3]
+  drops = from_mergekit({"merge_method": "dare_linear", "base_model": "b", "models": models})["options"]["drops"]
+  assert drops == pytest.approx([0.5, 0.7])

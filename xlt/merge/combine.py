@@ -128,18 +128,28 @@ def task_arithmetic(base, experts, lambdas: float | Sequence[float] = 1.0, *, ma
   return _sum_deltas(base, experts, lambdas, lambda i, d: d)
 
 
-def _ties_options(n: int, *, density, lambdas, convention, normalize, scale):
+def _densities(n: int, default: float, given, what: str) -> list[float]:
+  """One fraction per expert: `given` (one per expert) or `default` for all, each in (0, 1]."""
+  out = core.per_expert(default if given is None else given, n, what)
+  for d in out:
+    core.check_range(what, d, 0.0, 1.0, low_open=True)
+  return out
+
+
+def _ties_options(n: int, *, density, densities, lambdas, convention, normalize, scale):
   core.check_range("TIES density", density, 0.0, 1.0, low_open=True)
   if not np.isfinite(scale):
     raise ValueError(f"TIES scale must be a finite number, got {scale}")
-  return {"density": density, "lambdas": core.per_expert(lambdas, n, "TIES lambdas"),
+  return {"density": density, "densities": _densities(n, density, densities, "TIES densities"),
+          "lambdas": core.per_expert(lambdas, n, "TIES lambdas"),
           "convention": _convention(convention, "TIES"), "normalize": bool(normalize), "scale": float(scale)}
 
 
 @declare.per_tensor("ties", ("base", "experts+"), mergekit="ties", trees=("masks",), prepare=_ties_options,
                     paper="Yadav et al. 2023, TIES-Merging: Resolving Interference When Merging Models")
 def ties(base, experts, *, density: float = 0.2, lambdas: float | Sequence[float] = 1.0, masks=None,
-         convention: str = "mergekit", normalize: bool = True, scale: float = 1.0):
+         convention: str = "mergekit", normalize: bool = True, scale: float = 1.0,
+         densities: Sequence[float] | None = None):
   """TIES-merging (Yadav et al. 2023): task arithmetic with interference resolved.
 
   Per tensor:
@@ -176,13 +186,15 @@ def ties(base, experts, *, density: float = 0.2, lambdas: float | Sequence[float
   normalize: take the disjoint mean (default); False sums the agreeing trimmed deltas instead
     (mergekit's `normalize: false`).
   scale: multiplies the merged delta (mergekit's `lambda`, default 1).
+  densities: one density per expert instead (mergekit's per-model `density`); None = `density`
+    for all.
   naming: how rows are laid out, for row masks.
   """
   b, mergekit = core.as_compute(base), convention == "mergekit"
   trimmed = []
-  for lam, x in zip(lambdas, experts):
+  for lam, x, dens in zip(lambdas, experts, densities):
     d = core.as_compute(x) - b
-    keep = magnitude_mask(d, density) if mergekit else core.top_fraction_mask(np.abs(d), density)
+    keep = magnitude_mask(d, dens) if mergekit else core.top_fraction_mask(np.abs(d), dens)
     trimmed.append(lam * np.where(keep, d, 0))
   trimmed = np.stack(trimmed)
   summed = trimmed.sum(axis=0, dtype=np.float64)
@@ -236,11 +248,14 @@ def dare_mask(seed: int, expert_index: int, path, shape, drop: float) -> np.ndar
   return rng.random(shape) >= drop
 
 
-def _dare_options(n: int, *, drop, seed, lambdas, convention, rescale):
+def _dare_options(n: int, *, drop, drops, seed, lambdas, convention, rescale):
   core.check_range("DARE drop", drop, 0.0, 1.0, high_open=True)
+  drops = core.per_expert(drop if drops is None else drops, n, "DARE drops")
+  for p in drops:
+    core.check_range("DARE drop", p, 0.0, 1.0, high_open=True)
   if int(seed) != seed or seed < 0:
     raise ValueError(f"DARE seed must be a non-negative integer, got {seed}")
-  return {"drop": drop, "seed": int(seed), "lambdas": core.per_expert(lambdas, n, "DARE lambdas"),
+  return {"drop": drop, "drops": drops, "seed": int(seed), "lambdas": core.per_expert(lambdas, n, "DARE lambdas"),
           "convention": _convention(convention, "DARE"), "rescale": bool(rescale)}
 
 
@@ -248,7 +263,8 @@ def _dare_options(n: int, *, drop, seed, lambdas, convention, rescale):
                     paper="Yu et al. 2024, DARE: Language Models are Super Mario: Absorbing Abilities from "
                     "Homologous Models as a Free Lunch")
 def dare(base, experts, *, drop: float = 0.9, seed: int = 0, lambdas: float | Sequence[float] = 1.0,
-         masks=None, convention: str = "xlt", rescale: bool = True, path=None):
+         masks=None, convention: str = "xlt", rescale: bool = True, drops: Sequence[float] | None = None,
+         path=None):
   """DARE (Yu et al. 2024, "Language models are Super Mario"): Drop And REscale each
   delta, then task arithmetic.
 
@@ -274,17 +290,19 @@ def dare(base, experts, *, drop: float = 0.9, seed: int = 0, lambdas: float | Se
     rescaled to the delta's L1 norm, per tensor); see above.
   rescale: False keeps the survivors as they are (mergekit's `rescale: false`: a plain random
     drop); True rescales them by the convention's rule.
+  drops: one drop rate per expert instead (mergekit's per-model density: 1 - it); None = `drop`.
   naming: how rows are laid out, for row masks.
   """
   def drop_and_rescale(i, d):
-    if drop == 0.0:
+    p = drops[i]
+    if p == 0.0:
       return d
-    keep = dare_mask(seed, i, path, d.shape, drop)
+    keep = dare_mask(seed, i, path, d.shape, p)
     if not rescale:
       return np.where(keep, d, 0).astype(d.dtype)
     if convention == "mergekit":
       return l1_rescaled(d, np.where(keep, d, 0).astype(d.dtype))
-    return np.where(keep, d / (1.0 - drop), 0).astype(d.dtype)
+    return np.where(keep, d / (1.0 - p), 0).astype(d.dtype)
 
   return _sum_deltas(base, experts, lambdas, drop_and_rescale)
 

@@ -200,12 +200,11 @@ def _per_model(method: str, name: str, experts: list, shared: dict) -> dict:
       raise ValueError(f"models[].parameters.{unknown[0]}: not a parameter of {name}")
     options = {"lambdas": weights}
     if method != "task_arithmetic":
-      densities = {value(params, "density") for _, params in experts}
-      if len(densities) > 1:
-        raise ValueError(f"models[].parameters.density: xlt's {method} takes one density for every model, "
-                         f"got {sorted(densities)}")
-      density = densities.pop()
+      per_model = [value(params, "density") for _, params in experts]
+      density = per_model[0]
       options |= {"convention": "mergekit"} | ({"density": density} if method == "ties" else {"drop": 1 - density})
+      if len(set(per_model)) > 1:  # mergekit's per-model densities
+        options |= {"densities": per_model} if method == "ties" else {"drops": [1 - d for d in per_model]}
     return options
   table = _PER_MODEL.get(method, {})
   if unknown := sorted(given - set(table)):
