@@ -25,8 +25,6 @@ from xlt.data import sft
 from xlt.merge import fileio, hf, registry
 from xlt.paths import path_names
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/merge_data.py", lock_config=False,
-                                          accept_new_attributes=True)
 STATISTICS = {"regmean": "grams", "fisher": "fishers"}
 
 
@@ -83,15 +81,15 @@ def run(c, *, log=print) -> dict:
   return summary
 
 
-def main(argv):
+def main(argv, config=None):
   if len(argv) > 1:
     print(f"xlt.merge_data: error: unexpected arguments {argv[1:]}", file=sys.stderr)
     return 2
-  if _CONFIG.value is None:
+  if config is None or config.value is None:
     print("xlt.merge_data: error: --config=configs/merge_data.py is required", file=sys.stderr)
     return 2
   try:
-    summary = run(_CONFIG.value)
+    summary = run(config.value)
   except (ValueError, TypeError, OSError) as e:
     print("xlt.merge_data: error: " + " ".join(str(e).split()), file=sys.stderr)
     return 2
@@ -100,4 +98,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  # defined here, not on import: the library's functions import beside other absl programs
+  _config = config_flags.DEFINE_config_file("config", None, "configs/merge_data.py", lock_config=False,
+                                            accept_new_attributes=True)
+  app.run(lambda argv: main(argv, _config))
