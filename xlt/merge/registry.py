@@ -7,10 +7,11 @@ A method is called the same way whatever it is, on in-memory trees or (through
   registry.merge("ties", {"base": b, "experts": [t, l]}, {"density": 0.2})
   print(registry.describe())            # every method, its inputs, options and paper
 
-Options are read from each function's signature (name, default, type annotation; one
-without a default is required) and their help from its docstring's "name: help" lines,
-so the registry never repeats what the function says. A role whose name ends in "+" at
-registration takes a non-empty list of models.
+Each method is declared next to its function (xlt.merge.declare: `@declare.method` or the
+per-tensor `@declare.per_tensor`); importing the modules below is what registers them. Options
+are read from each function's signature (name, default, type annotation; one without a default
+is required) and their help from its docstring's "name: help" lines, so the registry never
+repeats what the function says. A role whose name ends in "+" takes a non-empty list of models.
 
 Names only where needed: most methods combine each tensor with the same tensor of the other
 inputs and never ask which block it is in or where its rows are, so they merge any tensor
