@@ -73,11 +73,11 @@ def max_diff(got: dict, want: dict) -> float:
 
 def test_cases_are_the_fixture_scripts_and_every_method_has_one():
   assert set(CASES) == set(fixture_script().CASES)
-  assert {m for m, _, _ in CASES.values()} == {name for name, *_ in geometric.REGISTER}
-  for name, _, roles, paper, kw in geometric.REGISTER:
-    m = registry.get(name)
-    assert m.paper == paper and [r.name for r in m.roles] == [r.rstrip("+") for r in roles] and not kw
-    assert all(o.help for o in m.options), name
+  declared = [m for m in registry.METHODS.values() if m.fn.__module__ in ("xlt.merge.geometric", "xlt.merge.selective")]
+  assert {m for m, _, _ in CASES.values()} == {m.name for m in declared}
+  for m in declared:
+    assert m.paper and m.mergekit == m.name.removesuffix("_nobase") and not any(o.tree for o in m.options)
+    assert all(o.help for o in m.options), m.name
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -270,3 +270,15 @@ def test_command_slerp_with_per_block_t_matches_mergekit(tmp_path):
   got = load_file(str(out / "model.safetensors"))
   assert max_diff(got, load_file(os.path.join(GEOMETRIC, "slerp_gradient.safetensors"))) < TOLERANCE
   assert (out / "config.json").exists()
+
+
+def test_arcee_fusion_in_mergekit_float32_precision():
+  method, inputs, options = CASES["arcee_fusion"]
+  trees = {r: model(m) for r, m in inputs.items()}
+  want = load_file(os.path.join(GEOMETRIC, "arcee_fusion.safetensors"))
+  got = registry.merge(method, trees, {**options, "precision": "float32"}, naming="auto")
+  assert max_diff(got, want) < TOLERANCE
+  k = "model.layers.0.self_attn.k_proj.weight"
+  assert selective.fusion_importance((k,), trees["base"][k], trees["other"][k], HF, np.float32).dtype == np.float32
+  with pytest.raises(ValueError, match="precision must be 'float64' or 'float32'"):
+    selective.arcee_fusion(trees["base"], trees["other"], precision="float16", naming=HF)

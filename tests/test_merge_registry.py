@@ -12,7 +12,7 @@ from safetensors.numpy import load_file
 
 from xlt import merge
 from xlt.io import tensor_files as files
-from xlt.merge import core, geometric, registry, sparse
+from xlt.merge import core, registry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
@@ -28,14 +28,23 @@ def tiny(seed: int, blocks: int = 3) -> dict:
   return tree
 
 
+# the methods declared in the modules of mergekit's kin (tested in tests/test_merge_sparse.py and
+# _geometric.py) and of the subspace, mask and data-aware methods (tests/test_merge_subspace.py,
+# test_merge_data_aware.py), in order
+MERGEKIT_KIN = [m.name for m in registry.METHODS.values()
+                if m.fn.__module__ in ("xlt.merge.sparse", "xlt.merge.geometric", "xlt.merge.selective")]
+SUBSPACE = [m.name for m in registry.METHODS.values()
+            if m.fn.__module__ in ("xlt.merge.subspace", "xlt.merge.localize", "xlt.merge.data_aware")]
+
+
 def leaves(tree) -> dict:
   return {merge.path_str(p): np.asarray(x) for p, x in core.leaves_with_paths(tree)}
 
 
 def test_roles_and_options_are_the_functions_parameters():
-  assert list(registry.METHODS)[:7] == ["layer_swap", "soup", "task_arithmetic", "ties", "dare", "maet",
-                                        "sparsify_rows"]
-  assert list(registry.METHODS)[7:] == [r[0] for r in sparse.REGISTER + geometric.REGISTER]
+  assert list(registry.METHODS)[:7] == ["layer_swap", "soup", "task_arithmetic", "ties", "dare", "sparsify_rows",
+                                        "maet"]
+  assert list(registry.METHODS)[7:] == MERGEKIT_KIN + SUBSPACE
   hidden = {"maet": {"return_info"}}
   for name, m in registry.METHODS.items():
     params = inspect.signature(m.fn).parameters
@@ -83,7 +92,7 @@ def test_every_method_by_name_equals_its_function():
                         lambda: merge.sparsify_rows(t, base, 0.8)),
   }
   # a new method needs a case here, or (mergekit's) in tests/test_merge_sparse.py / _geometric.py
-  assert set(cases) == set(registry.METHODS) - {r[0] for r in sparse.REGISTER + geometric.REGISTER}
+  assert set(cases) == set(registry.METHODS) - set(MERGEKIT_KIN) - set(SUBSPACE)
   for name, (inputs, options, direct) in cases.items():
     want = leaves(direct())
     for naming in (merge.XLT, "auto"):
@@ -97,8 +106,8 @@ def test_every_method_by_name_equals_its_function():
 
 
 @pytest.mark.parametrize("call, message", [
-    (("tie", {}, {}), "unknown merge method 'tie'; known: layer_swap, soup, task_arithmetic, ties, dare, maet, "
-                      "sparsify_rows"),
+    (("tie", {}, {}), "unknown merge method 'tie'; known: layer_swap, soup, task_arithmetic, ties, dare, "
+                      "sparsify_rows, maet"),
     (("ties", {"experts": ["x"]}, {}),
      r"ties takes inputs base, experts \(list\); missing \['base'\], unknown \[\]"),
     (("soup", {"experts": ["x"], "base": "b"}, {}),
@@ -259,3 +268,193 @@ def test_an_experiments_merges_pick_their_inputs_from_what_it_has():
     registry.check_among("maet", {}, have, "m")
   with pytest.raises(ValueError, match="ties has no option drop"):
     registry.check_among("ties", {"drop": 0.1}, have, "t")
+
+
+def test_the_docs_methods_table_is_rendered_from_the_declarations():
+  from xlt.merge import methods_doc
+  with open(os.path.join(REPO, "docs", "merge.md")) as f:
+    text = f.read()
+  assert methods_doc.with_methods_table(text) == text, "run python -m xlt.merge.methods_doc docs/merge.md"
+  table = methods_doc.methods_table()
+  assert "| soup | experts (list) | weights=None | linear | no | Wortsman et al. 2022" in table
+  assert "| della | base, experts (list) |" in table and "| della_linear | della | yes |" not in table
+  assert len([r for r in table.splitlines() if r.startswith("| ")]) == len(registry.METHODS) + 1
+  stale = text.replace("| soup | experts (list)", "| soup | models (list)")
+  assert methods_doc.with_methods_table(stale) == text
+  out = subprocess.run([sys.executable, "-m", "xlt.merge.methods_doc", os.path.join(REPO, "docs", "merge.md"),
+                        "--check"], capture_output=True, text=True, env=ENV)
+  assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_per_tensor_method_is_lifted_over_trees():
+  from xlt.merge import declare
+  seen = []
+
+  def shrink(base, experts, *, by: float = 2.0, masks=None, path=None):
+    """Toy: base + the mean delta / by."""
+    seen.append(path)
+    return base + sum(x - base for x in experts) / (len(experts) * by)
+
+  def prepare(n, *, by):
+    assert n == 2
+    if by <= 0:
+      raise ValueError("by must be positive")
+    return {"by": float(by)}
+
+  lifted = declare.lift(shrink, ("base", "experts+"), prepare)
+  assert list(inspect.signature(lifted).parameters) == ["base", "experts", "by", "masks", "naming"]
+  b = {"a": np.zeros(2, np.float32), "b": np.ones(3, np.float32)}
+  e1 = {"a": np.array([2.0, 4.0], np.float32), "b": np.array([1, 3, 5], np.float32)}
+  e2 = {"a": np.array([6.0, 0.0], np.float32), "b": np.array([1, 1, 1], np.float32)}
+  out = lifted(b, [e1, e2], by=4)
+  np.testing.assert_array_equal(out["a"], [1.0, 0.5])
+  np.testing.assert_array_equal(out["b"], [1.0, 1.25, 1.5])
+  assert seen == [("a",), ("b",)] and out["a"].dtype == np.float32
+  # a mask restricts each expert to its neurons (the base elsewhere) before the function sees it
+  out = lifted(b, [e1, e2], masks=[{"a": np.array([True, False]), "b": True}, None])
+  np.testing.assert_array_equal(out["a"], [2.0, 0.0])
+  with pytest.raises(ValueError, match="by must be positive"):
+    lifted(b, [e1, e2], by=0)
+  with pytest.raises(ValueError, match="b: shape \\(3,\\) in base vs \\(2,\\) in expert 1"):
+    lifted(b, [e1, {"a": e2["a"], "b": e2["a"]}])
+  with pytest.raises(ValueError, match="experts is empty"):
+    lifted(b, [])
+  # the registry's per-tensor methods keep their per-tensor form
+  m = registry.get("ram")
+  assert m.per_tensor is m.fn.per_tensor and m.mergekit == "ram"
+  np.testing.assert_array_equal(m.per_tensor(np.zeros(2), [np.array([1.0, 0]), np.array([3.0, 0])], epsilon=1e-5),
+                                [2.0, 0.0])
+
+
+def test_help_prints_once_and_exits_0():
+  r = command("--help")
+  assert r.returncode == 0 and r.stdout.count("Merges checkpoint files with any method") == 1, r.stderr[-500:]
+  assert "--[no]overwrite" in r.stdout and "mergekit: linear (accepted as its name too)" in r.stdout
+
+
+def test_mergekit_names_on_the_command_line():
+  from xlt.merge.from_mergekit import flags_aliases
+  two = {"base": "b", "experts": "x,y"}
+  assert flags_aliases("linear", {"experts": "x,y"}, {"weight": [1, 3]}) == ("soup", {"weights": [1, 3]})
+  assert flags_aliases("dare_linear", two, {"density": 0.25, "weight": 0.5}) == (
+      "dare", {"convention": "mergekit", "drop": 0.75, "lambdas": 0.5})
+  assert flags_aliases("nuslerp", {"experts": "x,y"}, {"weight": [1, 2]}) == ("nuslerp_nobase", {"weights": [1, 2]})
+  assert flags_aliases("nuslerp", two, {"weight": [1, 2]}) == ("nuslerp", {"weights": [1, 2]})
+  # mergekit normalises the weights, then scales the merged delta by lambda
+  assert flags_aliases("task_arithmetic", two, {"weight": [1, 3], "lambda": 0.5, "normalize": True}) == (
+      "task_arithmetic", {"lambdas": [0.125, 0.375]})
+  assert flags_aliases("dare_ties", two, {"lambda": 0.5}) == ("dare_ties", {"scale": 0.5})
+  assert flags_aliases("ties", two, {"density": 0.2}) == ("ties", {"density": 0.2})  # xlt's names pass as they are
+  assert flags_aliases("ties", two, {"lambda": 0.5, "normalize": False}) == (
+      "ties", {"scale": 0.5, "normalize": False})
+  with pytest.raises(ValueError, match=r"mergekit's dare_linear needs a base here \(--config.inputs.base\)"):
+    flags_aliases("dare_linear", {"experts": "x,y"}, {})
+
+
+def test_command_mergekit_names_overwrite_and_the_config_written(tmp_path, checkpoints):
+  trees, paths = checkpoints
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "notes.txt").write_text("mine")
+  args = ["--config=configs/merge_files.py", "--config.method=linear", f"--config.inputs.experts={paths['a']},{paths['b']}",
+          "--config.options.weight=(1, 3)", "--config.heatmaps=false", f"--config.output={out}"]
+  r = command(*args)
+  assert r.returncode == 2 and r.stderr.count("\n") == 1 and "replace it with --overwrite" in r.stderr
+  assert os.listdir(out) == ["notes.txt"]
+  r = command(*args, "--overwrite")
+  assert r.returncode == 0, r.stderr
+  got, want = load_file(str(out / "model.safetensors")), merge.soup([trees["a"], trees["b"]], [1, 3])
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  import json
+  ran = json.loads((out / "merge_config.json").read_text())
+  assert ran["method"] == "soup" and ran["options"] == {"weights": [1, 3]} and "notes.txt" not in os.listdir(out)
+  # a mergekit YAML is kept beside the output as mergekit_config.yml
+  yml = tmp_path / "merge.yml"
+  yml.write_text(f"merge_method: linear\nmodels:\n  - model: {paths['a']}\n  - model: {paths['b']}\n")
+  r = command(f"--mergekit_yaml={yml}", f"--config.output={tmp_path / 'yaml_out'}", "--config.heatmaps=false")
+  assert r.returncode == 0, r.stderr
+  assert (tmp_path / "yaml_out" / "mergekit_config.yml").read_text() == yml.read_text()
+
+
+def test_ties_normalize_and_scale_and_dare_without_rescale_by_hand():
+  from xlt.merge import combine
+  base = {"w": np.zeros(2, np.float32)}
+  experts = [{"w": np.array([2, -1], np.float32)}, {"w": np.array([4, 3], np.float32)}]
+  # density 1: sums [6, 2] elect + on both; entry 0 has two agreeing deltas, entry 1 one
+  np.testing.assert_array_equal(combine.ties(base, experts, density=1.0)["w"], [3, 3])
+  np.testing.assert_array_equal(combine.ties(base, experts, density=1.0, normalize=False)["w"], [6, 3])
+  np.testing.assert_array_equal(combine.ties(base, experts, density=1.0, normalize=False, scale=0.5)["w"], [3, 1.5])
+  np.testing.assert_array_equal(combine.ties(base, experts, density=1.0, convention="xlt", scale=2.0)["w"], [6, 6])
+  big = {"w": np.ones(64, np.float32)}
+  kept = combine.dare({"w": np.zeros(64, np.float32)}, [big], drop=0.5, seed=3, rescale=False)["w"]
+  np.testing.assert_array_equal(kept, combine.dare_mask(3, 0, ("w",), (64,), 0.5).astype(np.float32))
+
+
+def test_mergekit_yaml_ties_lambda_normalize_false_and_dare_rescale_false():
+  from xlt.merge.from_mergekit import from_mergekit
+  models = [{"model": "b"}, {"model": "x", "parameters": {"weight": 1.0, "density": 0.5}},
+            {"model": "y", "parameters": {"weight": 0.5, "density": 0.5}}]
+  ties = from_mergekit({"merge_method": "ties", "base_model": "b", "models": models,
+                        "parameters": {"normalize": False, "lambda": 0.5}})
+  assert ties["method"] == "ties" and ties["options"]["normalize"] is False and ties["options"]["scale"] == 0.5
+  dare = from_mergekit({"merge_method": "dare_linear", "base_model": "b", "models": models,
+                        "parameters": {"rescale": False}})
+  assert dare["method"] == "dare" and dare["options"]["rescale"] is False and dare["options"]["drop"] == 0.5
+
+
+def test_a_mergekit_yaml_on_gpt2_reads_rows_as_mergekit_does(tmp_path):
+  import json
+  import shutil
+  from configs import merge_files
+  from xlt.merge import from_mergekit, tool
+  from xlt.merge.__main__ import merge_config, with_yaml
+  gpt2 = os.path.join(REPO, "tests", "fixtures", "hf", "gpt2")
+  other = tmp_path / "gpt2_b"
+  shutil.copytree(gpt2, other)
+  tensors = load_file(str(other / "model.safetensors"))
+  rng = np.random.default_rng(0)
+  from safetensors.numpy import save_file
+  save_file({k: v + 0.01 * rng.normal(size=v.shape).astype(v.dtype) for k, v in tensors.items()},
+            str(other / "model.safetensors"), metadata={"format": "pt"})
+  yml = tmp_path / "della.yml"
+  yml.write_text(f"merge_method: della\nbase_model: {gpt2}\nmodels:\n  - model: {other}\n    parameters:\n"
+                 "      weight: 1.0\n      density: 0.5\n      epsilon: 0.1\n")
+  mapped = from_mergekit.load_yaml(str(yml))
+  assert mapped["naming"] == "transformer.h.{i}."  # Conv1D: mergekit's rows are raw axis 0
+  summary = merge_config(with_yaml(merge_files.get_config(), str(yml)) | {"output": str(tmp_path / "yaml"),
+                                                                          "heatmaps": False})
+  assert summary["naming"] != "hf"
+  got = load_file(str(tmp_path / "yaml" / "model.safetensors"))
+  kw = dict(options=mapped["options"], heatmaps=False)
+  tool.merge_files(mapped["inputs"], "della", str(tmp_path / "flag"), naming="transformer.h.{i}.", **kw)
+  tool.merge_files(mapped["inputs"], "della", str(tmp_path / "hf"), naming="hf", **kw)
+  flag, hf_rows = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("flag", "hf"))
+  k = "transformer.h.0.attn.c_attn.weight"
+  np.testing.assert_array_equal(got[k], flag[k])
+  assert not np.array_equal(got[k], hf_rows[k])
+  assert json.loads((tmp_path / "yaml" / "merge_config.json").read_text())["naming"] == "transformer.h.{i}."
+
+
+def test_per_model_densities_for_ties_and_dare():
+  from xlt.merge import combine
+  from xlt.merge.from_mergekit import from_mergekit
+  base = {"w": np.zeros(4, np.float32)}
+  experts = [{"w": np.array([4, 3, 2, 1], np.float32)}, {"w": np.array([1, 2, 3, 4], np.float32)}]
+  # expert 0 keeps all four entries, expert 1 its top half: [3, 4]; means of the agreeing entries
+  got = combine.ties(base, experts, densities=[1.0, 0.5])["w"]
+  np.testing.assert_array_equal(got, [4, 3, 2.5, 2.5])
+  np.testing.assert_array_equal(combine.ties(base, experts, density=0.5, densities=[0.5, 0.5])["w"],
+                                combine.ties(base, experts, density=0.5)["w"])
+  big = [{"w": np.ones(64, np.float32)}, {"w": np.full(64, 2.0, np.float32)}]
+  zero = {"w": np.zeros(64, np.float32)}
+  mixed = combine.dare(zero, big, drops=[0.0, 0.5], seed=1)["w"]
+  keep = combine.dare_mask(1, 1, ("w",), (64,), 0.5)
+  np.testing.assert_array_equal(mixed, 1 + np.where(keep, 4.0, 0.0))
+  with pytest.raises(ValueError, match="TIES densities has 1 values for 2 experts"):
+    combine.ties(base, experts, densities=[0.5])
+  models = [{"model": "b"}, {"model": "x", "parameters": {"density": 0.5}}, {"model": "y", "parameters": {"density": 0.3}}]
+  assert from_mergekit({"merge_method": "ties", "base_model": "b", "models": models})["options"]["densities"] == [
+      0.5, 0.3]
+  drops = from_mergekit({"merge_method": "dare_linear", "base_model": "b", "models": models})["options"]["drops"]
+  assert drops == pytest.approx([0.5, 0.7])

@@ -256,11 +256,11 @@ def test_registry_runs_each_method_as_its_function():
              "breadcrumbs_ties": {"density": [0.5, 0.3], "weights": [1.0, 0.5], "normalize": True},
              "della": {"density": 0.4, "epsilon": 0.1, "rescale": "inverse"}, "della_linear": {"scale": 0.5},
              "sce": {"select_topk": 0.5}}
-  assert [r[0] for r in sparse.REGISTER] == list(options)
-  for name, fn, _, paper, kw in sparse.REGISTER:
-    m = registry.get(name)
-    assert m.fn is fn and [r.name for r in m.roles] == ["base", "experts"] and m.paper == paper
-    assert m.option("masks").tree and kw == {"trees": ("masks",)}
+  assert [m.name for m in registry.METHODS.values() if m.fn.__module__ == "xlt.merge.sparse"] == list(options)
+  for name in options:
+    m, fn = registry.get(name), getattr(sparse, name)
+    assert m.fn is fn and [r.name for r in m.roles] == ["base", "experts"] and m.paper and m.mergekit == name
+    assert m.option("masks").tree
     assert all(o.help and "\n" not in o.help for o in m.options), name
     assert_trees_close(registry.merge(name, {"base": base, "experts": experts}, options[name]),
                        fn(base, experts, **options[name]), atol=0)

@@ -1,28 +1,35 @@
-"""Model merging on plain parameter pytrees: layer swapping, soups, task arithmetic,
-TIES, DARE, MAET, mergekit's methods (DARE-TIES, breadcrumbs, DELLA, SCE, SLERP and its
-kin, Karcher mean, model stock, nearswap, Arcee fusion, RAM), and the layer-swapping
-paper's analysis of where fine-tuning changed a model.
+"""Model merging on plain parameter pytrees: every method of the registry (`describe()`, the
+table in docs/merge.md), from layer swapping, soups, task arithmetic, TIES, DARE and MAET to
+mergekit's methods, the subspace and mask methods (TSV-M, Iso-C/CTS, TALL masks, Consensus,
+Localize-and-Stitch), the data-aware ones (RegMean, Fisher), LoRA adapter merging, and the
+layer-swapping paper's analysis of where fine-tuning changed a model.
 
-Depends on numpy, jax.tree_util and the standard library only (matplotlib inside the
+Depends on numpy, jax.tree_util and the standard library only (optax inside Localize-and-Stitch's
+mask search, matplotlib inside the
 plot function, safetensors when a file's tensor is read; `python -m xlt.merge` adds absl
 and ml_collections for its config), never on the rest of xlt, so it merges any checkpoint
 that loads as a pytree. Paths are read through a `Naming` (`XLT` for xlt.model's GPT, `HF` for Hugging
 Face names, `from_rule(path -> (block, kind))` for any other); every merge takes `naming=`.
 
-  registry.py every method by name: its inputs (roles), options, paper; `merge`, `describe`
-  core.py     structure checks, leaf-wise maps, deltas, row magnitudes
+  declare.py  one declaration per method, next to its function (name, roles, paper, layer-
+              awareness, mergekit name); per-tensor methods lifted over trees
+  registry.py every declared method by name: its inputs (roles), options, paper; `merge`, `describe`
+  methods_doc.py docs/merge.md's methods table, rendered from the declarations
+  core.py     structure checks, leaf-wise maps (`over_leaves`: every method's preamble), deltas
   swap.py     layer swapping with transition zones
   combine.py  soup, magnitude weights, task arithmetic, TIES, DARE, row sparsification
   sparse.py   DARE-TIES, breadcrumbs (-TIES), DELLA (-linear), SCE
   geometric.py SLERP, NuSLERP, multi-SLERP, Karcher mean, model stock, nearswap
   selective.py Arcee fusion, RAM
   maet.py     MAET (ability extraction and transfer)
-  files.py    safetensors checkpoints read / written one tensor at a time
-  hf.py       Hugging Face model directories (config, tokenizer, shards, index, card)
+  subspace.py TSV-M, Iso-C, Iso-CTS (singular subspaces of the task vectors)
+  localize.py TALL masks, Consensus, Localize-and-Stitch (masks of each task's change)
+  data_aware.py RegMean, Fisher merging (statistics from xlt.merge_statistics)
+  lora_adapters.py LoRA adapters merged into one (concatenation, SVD)
   tool.py     merges of checkpoint files into a model directory (`python -m xlt.merge`)
   analysis.py per-block share of changed rows, heatmap
-  fileio.py   atomic file writes
-(xlt/paths.py: paths -> (block, kind) and the rows (neurons) of each tensor: XLT, HF, from_rule.)
+(xlt/paths.py: paths -> (block, kind) and the rows (neurons) of each tensor: XLT, HF, from_rule;
+xlt/io/: safetensors files, Hugging Face model directories, atomic writes.)
 
 Any method by name: `merge.merge("ties", {"base": b, "experts": [t, l]}, {"density": 0.2})`;
 `print(merge.describe())` lists them all; `python -m xlt.merge` runs them on files.

@@ -57,6 +57,8 @@ _TRACEBACK = flags.DEFINE_bool("traceback", False, "on an error, show the full t
 _EVALUATE = flags.DEFINE_string("evaluate", None, "lm-eval tasks (comma-separated) to score the merged model on, "
                                 "written to <output>/eval.json")
 _EVALUATE_ARGS = flags.DEFINE_string("evaluate_args", "", "more flags of python -m xlt.eval (e.g. --limit=50)")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "replace the output directory even when it is a non-empty "
+                               "directory xlt did not write")
 FIELDS = ("method", "inputs", "options", "naming", "heatmaps", "output", "config_from", "max_shard_size", "dtype",
           "vocab")
 
@@ -77,19 +79,27 @@ def inputs_of(method: str, inputs: dict) -> dict:
   return out
 
 
-def merge_config(c) -> dict:
-  """Runs the merge a config describes and writes `c.output`/summary.json; returns the
-  summary."""
+def merge_config(c, *, overwrite: bool = False) -> dict:
+  """Runs the merge a config describes (mergekit's names accepted: from_mergekit.flags_aliases)
+  and writes `c.output` with summary.json and merge_config.json (the config as run); returns
+  the summary. overwrite: replace an output directory xlt did not write."""
   if unknown := sorted(set(c.keys()) - set(FIELDS)):
     raise ValueError(f"unknown config field {', '.join(unknown)}; the fields: {', '.join(FIELDS)}")
   c = c.to_dict() if hasattr(c, "to_dict") else dict(c)
   options = {k: list(v) if isinstance(v, tuple) else v for k, v in (c.get("options") or {}).items()}
-  summary = tool.merge_files(inputs_of(c["method"], c.get("inputs") or {}), c["method"], c["output"], options,
+  raw_inputs = c.get("inputs") or {}
+  c["method"], options = from_mergekit.flags_aliases(c["method"], raw_inputs, options)
+  if any(o.tree and o.required for o in registry.get(c["method"]).options):  # RegMean, Fisher: statistics
+    raise ValueError(f"{c['method']} weighs the experts by statistics of their data: run python -m xlt.merge_data "
+                     "--config=configs/merge_data.py (docs/merge.md)")
+  summary = tool.merge_files(inputs_of(c["method"], raw_inputs), c["method"], c["output"], options,
                              naming=c.get("naming", "auto"), heatmaps=c.get("heatmaps", True),
                              config_from=c.get("config_from") or None,
                              max_shard_bytes=c.get("max_shard_size") or hf.DEFAULT_MAX_SHARD_BYTES,
-                             dtype=c.get("dtype") or None, vocab=c.get("vocab") or None)
+                             dtype=c.get("dtype") or None, vocab=c.get("vocab") or None, overwrite=overwrite)
   fileio.write_text(os.path.join(c["output"], "summary.json"), json.dumps(summary, indent=1) + "\n")
+  ran = {**c, "options": options}
+  fileio.write_text(os.path.join(c["output"], "merge_config.json"), json.dumps(ran, indent=1, default=str) + "\n")
   return summary
 
 
@@ -123,8 +133,10 @@ def parse_flags(argv: list[str]) -> list[str]:
   if any(a.startswith("--mergekit_yaml") for a in out) and not any(a.startswith("--config=") for a in out):
     out.insert(1, "--config=" + config_files.path(_DEFAULT_CONFIG))
   if any(a in ("--help", "-h", "--helpshort", "-?") for a in out[1:]):
-    # the methods are what a user looks for first: before absl's list of flags
-    print(__doc__ + "\nMethods (--list_methods prints only these):\n\n" + registry.describe() + "\n")
+    # once, exit 0: the methods first (what a user looks for), then this module's flags
+    print(__doc__ + "\nMethods (--list_methods prints only these):\n\n" + registry.describe() + "\n\nFlags:\n"
+          + flags.FLAGS.module_help(sys.modules[__name__]))
+    sys.exit(0)
   return flags.FLAGS(out)
 
 
@@ -142,7 +154,12 @@ def main(argv):
   if _CONFIG.value is None:
     return _fail("--config=configs/merge_files.py is required (or --mergekit_yaml=merge.yml, or --list_methods)")
   try:
-    summary = merge_config(with_yaml(_CONFIG.value, _YAML.value) if _YAML.value else _CONFIG.value)
+    c = with_yaml(_CONFIG.value, _YAML.value) if _YAML.value else _CONFIG.value
+    summary = merge_config(c, overwrite=_OVERWRITE.value)
+    if _YAML.value:  # the YAML as given, beside the config it mapped to (as mergekit writes its own)
+      fileio.check_size(_YAML.value, 1 << 20)
+      with open(_YAML.value) as f:
+        fileio.write_text(os.path.join(summary["output"], "mergekit_config.yml"), f.read())
   except (ValueError, TypeError, OSError) as e:  # the user's: a config, a file
     if _TRACEBACK.value:
       raise

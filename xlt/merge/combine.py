@@ -15,15 +15,27 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from xlt.merge import core
+from xlt.merge import core, declare
 from xlt.paths import XLT, Naming, path_str
+
+LAYER_SWAPPING = "Bandarkar et al. 2024, Layer Swapping for Zero-Shot Cross-Lingual Transfer in Large Language Models"
 
 
 def _expert_names(n: int) -> list[str]:
   return [f"expert {i}" for i in range(n)]
 
 
-def soup(experts, weights: Sequence[float] | None = None, *, naming: Naming = XLT):
+def _soup_weights(n: int, weights):
+  weights = core.per_expert(1.0 if weights is None else weights, n, "weights")
+  if min(weights) < 0 or sum(weights) <= 0:
+    raise ValueError(f"soup weights must be non-negative with a positive sum, got {weights}")
+  return {"weights": [w / sum(weights) for w in weights]}
+
+
+@declare.per_tensor("soup", ("experts+",), mergekit="linear", prepare=_soup_weights,
+                    paper="Wortsman et al. 2022, Model soups: averaging weights of multiple fine-tuned models "
+                    "improves accuracy without increasing inference time")
+def soup(experts, weights: Sequence[float] | None = None):
   """A model soup (Wortsman et al. 2022): the weighted average of the experts.
 
   weights: one non-negative number per expert, normalised to sum to 1; None = uniform
@@ -31,25 +43,16 @@ def soup(experts, weights: Sequence[float] | None = None, *, naming: Naming = XL
     magnitude-adjusted soup. A soup of one model is that model.
   naming: unused (a soup ignores paths); accepted so every merge has the same keywords.
   """
-  experts = core.expert_list(experts)
-  core.check_compatible(experts, _expert_names(len(experts)))
-  weights = core.per_expert(1.0 if weights is None else weights, len(experts), "weights")
-  if min(weights) < 0 or sum(weights) <= 0:
-    raise ValueError(f"soup weights must be non-negative with a positive sum, got {weights}")
-  weights = [w / sum(weights) for w in weights]
-
-  def merge(_, first, *rest):
-    # first + sum_i w_i (x_i - first) = sum_i w_i x_i (the weights sum to 1), written
-    # around the first expert so that identical experts give it back exactly.
-    if not rest:
-      return first
-    anchor = core.as_compute(first)  # may be the caller's array: never written to
-    out = anchor.copy()
-    for w, x in zip(weights[1:], rest):
-      out += w * (core.as_compute(x) - anchor)
-    return out
-
-  return core.map_leaves(merge, *experts)
+  # first + sum_i w_i (x_i - first) = sum_i w_i x_i (the weights sum to 1), written
+  # around the first expert so that identical experts give it back exactly.
+  first, *rest = experts
+  if not rest:
+    return first
+  anchor = core.as_compute(first)  # may be the caller's array: never written to
+  out = anchor.copy()
+  for w, x in zip(weights[1:], rest):
+    out += w * (core.as_compute(x) - anchor)
+  return out
 
 
 def magnitude_weights(experts, base, *, naming: Naming = XLT) -> list[float]:
@@ -88,32 +91,30 @@ def _restrict(base, experts, masks, naming, what: str):
   return out
 
 
-def _add_deltas(base, experts, lambdas, transform, what: str, masks=None, naming: Naming = XLT):
-  """base + sum_i lambda_i * transform(i, path, delta_i * mask_i), leaf by leaf."""
-  experts = core.expert_list(experts)
-  core.check_compatible([base, *experts], ["base", *_expert_names(len(experts))])
-  lambdas = core.per_expert(lambdas, len(experts), f"{what} lambdas")
-  masks = [None if (m := core.mask_for(masks, i, len(experts), what)) is None else core.masked_leaves(m, base)
-           for i in range(len(experts))]
-
-  def merge(path, b, *xs):
-    terms = [(lam, i, x) for i, (lam, x) in enumerate(zip(lambdas, xs)) if lam != 0.0]
-    if not terms:
-      return b
-    b = core.as_compute(b)
-    out = b.copy()
-    for lam, i, x in terms:
-      d = core.as_compute(x) - b
-      if masks[i] is not None:  # the expert's change on its neurons only
-        d = np.where(core.leaf_mask(path, masks[i][path], d.shape, naming), d, 0).astype(d.dtype)
-      out += lam * transform(i, path, d)
-    return out
-
-  return core.map_leaves(merge, base, *experts)
+def _sum_deltas(base, experts, lambdas, transform):
+  """base + sum_i lambda_i * transform(i, expert_i - base) of one tensor (the base itself when
+  every lambda is 0)."""
+  terms = [(lam, i, x) for i, (lam, x) in enumerate(zip(lambdas, experts)) if lam != 0.0]
+  if not terms:
+    return base
+  b = core.as_compute(base)
+  out = b.copy()
+  for lam, i, x in terms:
+    out += lam * transform(i, core.as_compute(x) - b)
+  return out
 
 
-def task_arithmetic(base, experts, lambdas: float | Sequence[float] = 1.0, *, masks=None,
-                    naming: Naming = XLT):
+def _lambdas(what: str):
+  """A prepare hook (xlt.merge.declare) that makes `lambdas` one float per expert."""
+  def prepare(n: int, lambdas, **options):
+    return {"lambdas": core.per_expert(lambdas, n, f"{what} lambdas"), **options}
+  return prepare
+
+
+@declare.per_tensor("task_arithmetic", ("base", "experts+"), mergekit="task_arithmetic", trees=("masks",),
+                    prepare=_lambdas("task arithmetic"),
+                    paper="Ilharco et al. 2023, Editing models with task arithmetic")
+def task_arithmetic(base, experts, lambdas: float | Sequence[float] = 1.0, *, masks=None):
   """Task arithmetic (Ilharco et al. 2023): base + sum_i lambda_i (expert_i - base).
 
   lambdas: the scale of each task vector, one float for all or one per expert. 0 leaves
@@ -124,11 +125,31 @@ def task_arithmetic(base, experts, lambdas: float | Sequence[float] = 1.0, *, ma
     mask. The same masks train with `xlt.neurons`.
   naming: how rows are laid out, for row masks.
   """
-  return _add_deltas(base, experts, lambdas, lambda i, path, d: d, "task arithmetic", masks, naming)
+  return _sum_deltas(base, experts, lambdas, lambda i, d: d)
 
 
+def _densities(n: int, default: float, given, what: str) -> list[float]:
+  """One fraction per expert: `given` (one per expert) or `default` for all, each in (0, 1]."""
+  out = core.per_expert(default if given is None else given, n, what)
+  for d in out:
+    core.check_range(what, d, 0.0, 1.0, low_open=True)
+  return out
+
+
+def _ties_options(n: int, *, density, densities, lambdas, convention, normalize, scale):
+  core.check_range("TIES density", density, 0.0, 1.0, low_open=True)
+  if not np.isfinite(scale):
+    raise ValueError(f"TIES scale must be a finite number, got {scale}")
+  return {"density": density, "densities": _densities(n, density, densities, "TIES densities"),
+          "lambdas": core.per_expert(lambdas, n, "TIES lambdas"),
+          "convention": _convention(convention, "TIES"), "normalize": bool(normalize), "scale": float(scale)}
+
+
+@declare.per_tensor("ties", ("base", "experts+"), mergekit="ties", trees=("masks",), prepare=_ties_options,
+                    paper="Yadav et al. 2023, TIES-Merging: Resolving Interference When Merging Models")
 def ties(base, experts, *, density: float = 0.2, lambdas: float | Sequence[float] = 1.0, masks=None,
-         convention: str = "mergekit", naming: Naming = XLT):
+         convention: str = "mergekit", normalize: bool = True, scale: float = 1.0,
+         densities: Sequence[float] | None = None):
   """TIES-merging (Yadav et al. 2023): task arithmetic with interference resolved.
 
   Per tensor:
@@ -162,34 +183,33 @@ def ties(base, experts, *, density: float = 0.2, lambdas: float | Sequence[float
   masks: neuron masks restricting each delta before the trim (as in `task_arithmetic`).
   convention: "mergekit" (default: floor, + on a tie, divide by the sum of agreeing
     lambdas) or "xlt" (round, no sign on a tie, divide by the count); see above.
+  normalize: take the disjoint mean (default); False sums the agreeing trimmed deltas instead
+    (mergekit's `normalize: false`).
+  scale: multiplies the merged delta (mergekit's `lambda`, default 1).
+  densities: one density per expert instead (mergekit's per-model `density`); None = `density`
+    for all.
   naming: how rows are laid out, for row masks.
   """
-  experts = core.expert_list(experts)
-  core.check_compatible([base, *experts], ["base", *_expert_names(len(experts))])
-  experts = _restrict(base, experts, masks, naming, "TIES")
-  core.check_range("TIES density", density, 0.0, 1.0, low_open=True)
-  lambdas = core.per_expert(lambdas, len(experts), "TIES lambdas")
-  mergekit = _convention(convention, "TIES") == "mergekit"
-
-  def merge(_, b, *xs):
-    b = core.as_compute(b)
-    trimmed = []
-    for lam, x in zip(lambdas, xs):
-      d = core.as_compute(x) - b
-      keep = magnitude_mask(d, density) if mergekit else core.top_fraction_mask(np.abs(d), density)
-      trimmed.append(lam * np.where(keep, d, 0))
-    trimmed = np.stack(trimmed)
-    summed = trimmed.sum(axis=0, dtype=np.float64)
-    elected = np.where(summed >= 0, 1.0, -1.0) if mergekit else np.sign(summed)
-    agree = (np.sign(trimmed) == elected) & (trimmed != 0)
-    total = np.where(agree, trimmed, 0).sum(axis=0, dtype=np.float64)
-    if mergekit:
-      divisor = np.where(agree, np.reshape(lambdas, (-1,) + (1,) * b.ndim), 0).sum(axis=0)
-      return b + (total / np.where(divisor == 0, 1, divisor)).astype(b.dtype)
+  b, mergekit = core.as_compute(base), convention == "mergekit"
+  trimmed = []
+  for lam, x, dens in zip(lambdas, experts, densities):
+    d = core.as_compute(x) - b
+    keep = magnitude_mask(d, dens) if mergekit else core.top_fraction_mask(np.abs(d), dens)
+    trimmed.append(lam * np.where(keep, d, 0))
+  trimmed = np.stack(trimmed)
+  summed = trimmed.sum(axis=0, dtype=np.float64)
+  elected = np.where(summed >= 0, 1.0, -1.0) if mergekit else np.sign(summed)
+  agree = (np.sign(trimmed) == elected) & (trimmed != 0)
+  total = np.where(agree, trimmed, 0).sum(axis=0, dtype=np.float64)
+  if not normalize:
+    merged = total
+  elif mergekit:
+    divisor = np.where(agree, np.reshape(lambdas, (-1,) + (1,) * b.ndim), 0).sum(axis=0)
+    merged = total / np.where(divisor == 0, 1, divisor)
+  else:
     count = agree.sum(axis=0)
-    return b + np.where(count > 0, total / np.maximum(count, 1), 0).astype(b.dtype)
-
-  return core.map_leaves(merge, base, *experts)
+    merged = np.where(count > 0, total / np.maximum(count, 1), 0)
+  return b + (merged if scale == 1.0 else scale * merged).astype(b.dtype)
 
 
 def _convention(convention: str, what: str) -> str:
@@ -228,8 +248,23 @@ def dare_mask(seed: int, expert_index: int, path, shape, drop: float) -> np.ndar
   return rng.random(shape) >= drop
 
 
+def _dare_options(n: int, *, drop, drops, seed, lambdas, convention, rescale):
+  core.check_range("DARE drop", drop, 0.0, 1.0, high_open=True)
+  drops = core.per_expert(drop if drops is None else drops, n, "DARE drops")
+  for p in drops:
+    core.check_range("DARE drop", p, 0.0, 1.0, high_open=True)
+  if int(seed) != seed or seed < 0:
+    raise ValueError(f"DARE seed must be a non-negative integer, got {seed}")
+  return {"drop": drop, "drops": drops, "seed": int(seed), "lambdas": core.per_expert(lambdas, n, "DARE lambdas"),
+          "convention": _convention(convention, "DARE"), "rescale": bool(rescale)}
+
+
+@declare.per_tensor("dare", ("base", "experts+"), mergekit="dare_linear", trees=("masks",), prepare=_dare_options,
+                    paper="Yu et al. 2024, DARE: Language Models are Super Mario: Absorbing Abilities from "
+                    "Homologous Models as a Free Lunch")
 def dare(base, experts, *, drop: float = 0.9, seed: int = 0, lambdas: float | Sequence[float] = 1.0,
-         masks=None, convention: str = "xlt", naming: Naming = XLT):
+         masks=None, convention: str = "xlt", rescale: bool = True, drops: Sequence[float] | None = None,
+         path=None):
   """DARE (Yu et al. 2024, "Language models are Super Mario"): Drop And REscale each
   delta, then task arithmetic.
 
@@ -253,25 +288,34 @@ def dare(base, experts, *, drop: float = 0.9, seed: int = 0, lambdas: float | Se
   masks: neuron masks restricting each delta before the drop (as in `task_arithmetic`).
   convention: "xlt" (default: survivors times 1 / (1 - drop)) or "mergekit" (survivors
     rescaled to the delta's L1 norm, per tensor); see above.
+  rescale: False keeps the survivors as they are (mergekit's `rescale: false`: a plain random
+    drop); True rescales them by the convention's rule.
+  drops: one drop rate per expert instead (mergekit's per-model density: 1 - it); None = `drop`.
   naming: how rows are laid out, for row masks.
   """
-  core.check_range("DARE drop", drop, 0.0, 1.0, high_open=True)
-  if int(seed) != seed or seed < 0:
-    raise ValueError(f"DARE seed must be a non-negative integer, got {seed}")
-  mergekit = _convention(convention, "DARE") == "mergekit"
-
-  def drop_and_rescale(i, path, d):
-    if drop == 0.0:
+  def drop_and_rescale(i, d):
+    p = drops[i]
+    if p == 0.0:
       return d
-    keep = dare_mask(int(seed), i, path, d.shape, drop)
-    if mergekit:
+    keep = dare_mask(seed, i, path, d.shape, p)
+    if not rescale:
+      return np.where(keep, d, 0).astype(d.dtype)
+    if convention == "mergekit":
       return l1_rescaled(d, np.where(keep, d, 0).astype(d.dtype))
-    return np.where(keep, d / (1.0 - drop), 0).astype(d.dtype)
+    return np.where(keep, d / (1.0 - p), 0).astype(d.dtype)
 
-  return _add_deltas(base, experts, lambdas, drop_and_rescale, "DARE", masks, naming)
+  return _sum_deltas(base, experts, lambdas, drop_and_rescale)
 
 
-def sparsify_rows(expert, base, threshold: float, *, naming: Naming = XLT):
+def _threshold(_, *, threshold):
+  if not threshold >= 0:
+    raise ValueError(f"sparsify threshold must be >= 0, got {threshold}")
+  return {"threshold": threshold}
+
+
+@declare.per_tensor("sparsify_rows", ("expert", "base"), paper=LAYER_SWAPPING + " (section 3.2, row-level "
+                    "sparsification)", layer_aware=True, prepare=_threshold)
+def sparsify_rows(expert, base, threshold: float, *, path=None, naming: Naming = XLT):
   """The layer-swapping paper's row-level sparsification (section 3.2): every row whose
   MAV of expert - base is at most `threshold` goes back to the base; other rows keep the
   expert's values. Rows (`naming.rows`) are output units, so a linear map is never half
@@ -282,12 +326,5 @@ def sparsify_rows(expert, base, threshold: float, *, naming: Naming = XLT):
     paper's figure 2 used 1.9e-5 and 1.0e-5 for its LLAMA 3.1 8B experts;
     `analysis.default_threshold` picks one when you have none.
   """
-  core.check_compatible([expert, base], ["expert", "base"])
-  if not threshold >= 0:
-    raise ValueError(f"sparsify threshold must be >= 0, got {threshold}")
-
-  def merge(path, e, b):
-    changed = core.mean_abs_rows(core.as_compute(e) - core.as_compute(b), path, naming) > threshold
-    return np.where(core.row_mask_to_leaf(path, changed, np.shape(e), naming), e, b)
-
-  return core.map_leaves(merge, expert, base)
+  changed = core.mean_abs_rows(core.as_compute(expert) - core.as_compute(base), path, naming) > threshold
+  return np.where(core.row_mask_to_leaf(path, changed, np.shape(expert), naming), expert, base)

@@ -77,6 +77,55 @@ def map_leaves(fn: Callable[..., Any], *trees, keep_dtype: bool = True):
   return jax.tree_util.tree_map_with_path(leaf, trees[0], *trees[1:])
 
 
+def _input_name(role: str, i: int | None = None) -> str:
+  """How errors name an input: "base", "task expert", or "expert 1" in a list role."""
+  name = role.replace("_", " ")
+  return name if i is None else f"{name[:-1] if name.endswith('s') else name} {i}"
+
+
+def over_leaves(fn: Callable[..., Any], inputs: dict, *, lists: Sequence[str] = (), masks=None,
+                naming: Naming = XLT):
+  """The tree of `fn(path, *leaves)` over a method's inputs ({role: tree, list of trees or
+  None}, in role order): the inputs named in `lists` are checked non-empty and passed as lists of leaves, a
+  None input (an optional base) as None; every tree is checked compatible with the others
+  (errors name the inputs: "base", "expert 1"). `masks` (neuron masks, `leaf_mask`: one tree
+  for every member of the list input or one per member) restricts each member to its mask:
+  its own value there, the base's elsewhere. The preamble every merge method shares."""
+  inputs = {r: expert_list(v, r) if r in lists else v for r, v in inputs.items()}
+  trees, names = [], []
+  for role, value in inputs.items():
+    if role in lists:
+      trees += value
+      names += [_input_name(role, i) for i in range(len(value))]
+    elif value is not None:
+      trees.append(value)
+      names.append(_input_name(role))
+  check_compatible(trees, names)
+  many = list(lists)
+  restrict = [None] * (len(inputs[many[0]]) if many else 0)
+  if masks is not None:
+    if "base" not in inputs or not many:
+      raise ValueError("neuron masks restrict experts to a base: this method has no base and experts")
+    n = len(inputs[many[0]])
+    restrict = [None if (m := mask_for(masks, i, n, "neuron")) is None else masked_leaves(m, inputs["base"])
+                for i in range(n)]
+  sizes = [len(v) if r in lists else (0 if v is None else 1) for r, v in inputs.items()]
+
+  def leaf(key_path, *xs):
+    path, first, xs, args = path_names(key_path), xs[0], list(xs), []
+    for role, size in zip(inputs, sizes):
+      args.append(None if size == 0 else xs[:size] if role in lists else xs[0])
+      xs = xs[size:]
+    if masks is not None:
+      base, members = args[list(inputs).index("base")], args[list(inputs).index(many[0])]
+      args[list(inputs).index(many[0])] = [
+          x if flat is None else np.where(leaf_mask(path, flat[path], np.shape(x), naming), x, base)
+          for x, flat in zip(members, restrict)]
+    return np.asarray(fn(path, *args)).astype(dtype_of(first), copy=False)  # the first input's dtype
+
+  return jax.tree_util.tree_map_with_path(leaf, trees[0], *trees[1:])
+
+
 def delta(expert, base):
   """expert - base, leaf by leaf, in the compute dtype (a task vector: kept at full
   precision even for bfloat16 checkpoints)."""

@@ -9,7 +9,7 @@ rescale, ...), `dtype` / `out_dtype` (the output's dtype: xlt always computes in
 whose sources all cover every layer (the same as `models`), and a passthrough layer swap
 (model A's layers [0, b) and [L-u, L), model B's [b, L-u), each at its own position).
 Everything else (per-layer gradients of a per-model value, `filter`ed values, layer stacks
-that change the depth, LoRA `model+adapter` references, tokenizer and chat template blocks)
+that change the depth, tokenizer and chat template blocks)
 is refused with one line naming the key. mergekit's defaults are written out where xlt's
 differ (density 1.0, ties/dare in mergekit's convention), so a mapped merge is mergekit's.
 """
@@ -19,16 +19,25 @@ from __future__ import annotations
 import json
 import os
 
+from xlt.io import fileio
+from xlt.merge import core, registry
+
 _TOP_KEYS = ("merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype",
              "tokenizer_source")
 _SPARSE = ("dare_ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear")
-# mergekit method -> (xlt method with a base, xlt method without one)
-_METHODS = {"linear": (None, "soup"), "task_arithmetic": ("task_arithmetic", None), "ties": ("ties", None),
-            "dare_linear": ("dare", None), "sce": ("sce", None), "slerp": ("slerp", None),
-            "nuslerp": ("nuslerp", "nuslerp_nobase"), "multislerp": ("multislerp", "multislerp_nobase"),
-            "karcher": (None, "karcher"), "model_stock": ("model_stock", None), "nearswap": ("nearswap", None),
-            "arcee_fusion": ("arcee_fusion", None), "ram": ("ram", None), "ramplus_tl": ("ramplus_tl", None),
-            "passthrough": (None, None)} | {m: (m, None) for m in _SPARSE}
+
+
+def _mergekit_methods() -> dict[str, tuple[str | None, str | None]]:
+  """mergekit method -> (xlt method with a base, xlt method without one), from the methods'
+  declarations (their `mergekit` name; xlt.merge.declare); passthrough maps as slices."""
+  out: dict[str, list] = {"passthrough": [None, None]}
+  for m in registry.METHODS.values():
+    if m.mergekit:
+      out.setdefault(m.mergekit, [None, None])[0 if any(r.name == "base" for r in m.roles) else 1] = m.name
+  return {k: tuple(v) for k, v in out.items()}
+
+
+_METHODS = _mergekit_methods()
 # per-model parameters each method takes, as lists over its experts: mergekit's name -> xlt's
 _PER_MODEL = {"soup": {"weight": "weights"}, "karcher": {"weight": "weights"},
               "nuslerp": {"weight": "weights"}, "nuslerp_nobase": {"weight": "weights"},
@@ -44,7 +53,8 @@ _IGNORED = ("int8_mask",)  # mergekit's memory knob: no effect on the result
 
 
 def load_yaml(path: str) -> dict:
-  """The mapped config ({method, inputs, options, dtype, vocab}) of mergekit YAML `path`."""
+  """The mapped config ({method, inputs, options, dtype, vocab}, and naming for Conv1D models) of
+  mergekit YAML `path`."""
   import yaml
   try:
     with open(path) as f:
@@ -54,9 +64,32 @@ def load_yaml(path: str) -> dict:
   if not isinstance(cfg, dict):
     raise ValueError(f"{path}: a mergekit config is a mapping with merge_method, models or slices")
   try:
-    return from_mergekit(cfg)
+    mapped = from_mergekit(cfg)
   except ValueError as e:
     raise ValueError(f"mergekit config {path}: {e}") from None
+  if naming := _raw_axes_naming(mapped["inputs"]):
+    mapped["naming"] = naming
+  return mapped
+
+
+# Hugging Face model types whose linear weights are Conv1D ([in, out]) and their block prefix
+_CONV1D = {"gpt2": "transformer.h.{i}."}
+
+
+def _raw_axes_naming(inputs: dict) -> str | None:
+  """The naming that reads rows as mergekit does, by raw axis 0, for models whose weights are
+  GPT-2's Conv1D (found from the inputs' config.json): xlt's "hf" rule takes their output units,
+  mergekit their input units, so a YAML alone would not give mergekit's row-wise merges."""
+  for model in (m for v in inputs.values() for m in (v if isinstance(v, list) else [v])):
+    try:
+      fileio.check_size(os.path.join(model, "config.json"), 1 << 20)
+      with open(os.path.join(model, "config.json")) as f:
+        model_type = json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError):
+      continue
+    if model_type in _CONV1D:
+      return _CONV1D[model_type]
+  return None
 
 
 def from_mergekit(cfg: dict) -> dict:
@@ -89,10 +122,11 @@ def from_mergekit(cfg: dict) -> dict:
 def _model(ref, where: str) -> str:
   if not isinstance(ref, str) or not ref:
     raise ValueError(f"{where}: a model is a path, got {ref!r}")
-  if "+" in ref:
-    raise ValueError(f"{where}: {ref!r} names a LoRA adapter (model+adapter), which xlt does not apply; "
-                     "merge the adapter into the model first")
-  return ref
+  model, sep, adapter = ref.partition("+")
+  if sep and not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
+    raise ValueError(f"{where}: {ref!r} names a LoRA adapter {adapter!r} that is not a PEFT adapter directory "
+                     "(adapter_config.json beside adapter_model.safetensors)")
+  return ref  # "model+adapter": the tool merges the PEFT adapter into the model as it reads it
 
 
 def _vocab(source) -> str | None:
@@ -167,12 +201,11 @@ def _per_model(method: str, name: str, experts: list, shared: dict) -> dict:
       raise ValueError(f"models[].parameters.{unknown[0]}: not a parameter of {name}")
     options = {"lambdas": weights}
     if method != "task_arithmetic":
-      densities = {value(params, "density") for _, params in experts}
-      if len(densities) > 1:
-        raise ValueError(f"models[].parameters.density: xlt's {method} takes one density for every model, "
-                         f"got {sorted(densities)}")
-      density = densities.pop()
+      per_model = [value(params, "density") for _, params in experts]
+      density = per_model[0]
       options |= {"convention": "mergekit"} | ({"density": density} if method == "ties" else {"drop": 1 - density})
+      if len(set(per_model)) > 1:  # mergekit's per-model densities
+        options |= {"densities": per_model} if method == "ties" else {"drops": [1 - d for d in per_model]}
     return options
   table = _PER_MODEL.get(method, {})
   if unknown := sorted(given - set(table)):
@@ -194,10 +227,8 @@ def _set_global(method: str, options: dict, key: str, value, mk_key: str) -> dic
     elif value:
       options["lambdas"] = [w / sum(lambdas) for w in lambdas]
     return options
-  if method == "ties" and mk_key == "normalize":
-    if not value:
-      raise ValueError("parameters.normalize: false is not supported for ties (xlt's mergekit convention normalises)")
-    return options
+  if method == "ties" and mk_key == "normalize":  # xlt's default is mergekit's normalize: true
+    return options if value else options | {"normalize": False}
   if method == "soup" and mk_key == "normalize":
     if not value:
       raise ValueError("parameters.normalize: false is not supported for linear (xlt's soup normalises)")
@@ -276,3 +307,41 @@ def _passthrough(slices) -> dict:
     raise ValueError(f"slices: the ranges end at layer {at}, but {outer} has {layers} layers")
   return {"method": "layer_swap", "inputs": {"task_expert": inner, "language_expert": outer},
           "options": {"bottom": bottom, "top": top, "non_block": "language", "num_blocks": at}}
+
+
+def flags_aliases(method: str, inputs: dict, options: dict) -> tuple[str, dict]:
+  """(xlt method, options) of a command-line merge given in mergekit's names: a mergekit method
+  (linear, dare_linear, a nuslerp or multislerp without a base: the xlt method of that name
+  with or without a base, by whether `inputs` has one), `weight` for the per-model weights
+  (xlt's weights or lambdas) and the global parameters mergekit's YAML takes (`lambda`,
+  `normalize`, `nuslerp_flatten`, ...), mapped as from_mergekit maps them. xlt's own names pass
+  unchanged."""
+  options = dict(options)
+  with_base, without = _METHODS.get(method, (None, None))
+  if (method not in registry.METHODS and method in _METHODS) or (method == with_base and without and
+                                                                  "base" not in inputs):
+    xlt = with_base if "base" in inputs and with_base else without
+    if xlt is None:
+      raise ValueError(f"mergekit's {method} {'needs a' if 'base' not in inputs else 'takes no'} base here "
+                       "(--config.inputs.base)")
+    if method == "dare_linear":
+      options.setdefault("convention", "mergekit")
+      if "density" in options:
+        options["drop"] = 1 - float(options.pop("density"))
+    method = xlt
+  if "weight" in options:
+    table = _PER_MODEL.get(method, {})
+    target = table.get("weight") or ("lambdas" if method in ("task_arithmetic", "ties", "dare") else None)
+    if target is None:
+      raise ValueError(f"option weight: xlt's {method} takes no per-model weight")
+    options[target] = options.pop("weight")
+  # mergekit normalises the weights first, then scales the merged delta by lambda
+  globals_given = [k for k in options if k in _GLOBAL or (k == "normalize" and method in ("task_arithmetic", "dare"))]
+  for key in sorted(globals_given, key=lambda k: k != "normalize"):
+    value = options.pop(key)
+    if key in ("lambda", "normalize") and method in ("task_arithmetic", "dare"):
+      experts = inputs.get("experts") or [None]
+      n = len([p for p in experts.split(",") if p]) if isinstance(experts, str) else len(experts)
+      options["lambdas"] = core.per_expert(options.get("lambdas", 1.0), n, f"{method} lambdas")
+    options = _set_global(method, options, _GLOBAL.get(key, key), value, key)
+  return method, options

@@ -26,12 +26,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from xlt.merge import core, selective
+from xlt.merge import core, declare
 from xlt.paths import XLT, Naming
 
-
-def _names(n: int, what: str = "model") -> list[str]:
-  return [f"{what} {i}" for i in range(n)]
+_MERGEKIT = "Goddard et al. 2024, Arcee's MergeKit: A Toolkit for Merging Large Language Models"
+_MULTISLERP = "Goddard, Multi-SLERP (blog post: goddard.blog/posts/multislerp-wow-what-a-cool-idea; mergekit's source)"
+_per_block_t = lambda o: np.ndim(o.get("t", 0)) > 0  # a list of t reads the blocks
+_row_wise = lambda o: not o.get("flatten", True)  # nuslerp reads rows unless it flattens
 
 
 def _norm(x) -> float:
@@ -41,6 +42,20 @@ def _norm(x) -> float:
 
 def _dot(x, y) -> float:
   return float(np.vdot(np.asarray(x, np.float64), np.asarray(y, np.float64)))
+
+
+def without_base(fn):
+  """fn(base, experts, ...) as a method of the models alone (base None), for the registry: the
+  same options and docstring, the models its first parameter."""
+
+  def merge(models, **options):
+    return fn(None, models, **options)
+
+  params = list(inspect.signature(fn).parameters.values())[2:]
+  first = inspect.Parameter("models", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+  merge.__signature__ = inspect.Signature([first, *params])
+  merge.__doc__, merge.__name__ = fn.__doc__, f"{fn.__name__}_nobase"
+  return merge
 
 
 def per_block(value, tree, naming: Naming, what: str):
@@ -77,6 +92,8 @@ def _slerp_coefficients(t: float, cos, linear):
           np.where(linear, t, np.sin(t * theta) / sin))
 
 
+@declare.method("slerp", ("base", "other"), paper="Shoemake 1985, Animating rotation with quaternion curves",
+                mergekit="slerp", layer_aware=_per_block_t)
 def slerp(base, other, *, t: float | Sequence[float], dot_threshold: float = 0.9995, naming: Naming = XLT):
   """Spherical linear interpolation (Shoemake 1985) from the base to the other model, per tensor.
 
@@ -92,7 +109,6 @@ def slerp(base, other, *, t: float | Sequence[float], dot_threshold: float = 0.9
   dot_threshold: |cos theta| above which the lerp is used (mergekit's fixed 0.9995).
   naming: finds each tensor's block, for a list of t values.
   """
-  core.check_compatible([base, other], ["base", "other"])
   t_at = per_block(t, base, naming, "slerp t")
 
   def merge(path, a, b):
@@ -105,7 +121,7 @@ def slerp(base, other, *, t: float | Sequence[float], dot_threshold: float = 0.9
     c0, c1 = _slerp_coefficients(t, cos, abs(cos) > dot_threshold)
     return float(c0) * a + float(c1) * b
 
-  return core.map_leaves(merge, base, other)
+  return core.over_leaves(merge, {"base": base, "other": other})
 
 
 def _nuslerp_leaf(t, v0, v1, path, row_wise: bool, flatten: bool, naming: Naming):
@@ -127,6 +143,8 @@ def _nuslerp_leaf(t, v0, v1, path, row_wise: bool, flatten: bool, naming: Naming
   return naming.from_rows(path, out.T if row_wise else out, shape)
 
 
+@declare.method("nuslerp", ("base", "experts+"), paper=f"{_MERGEKIT} (nuslerp: mergekit's source)",
+                mergekit="nuslerp", layer_aware=_row_wise)
 def nuslerp(base, experts, *, weights: Sequence[float], row_wise: bool = False, flatten: bool = True,
             naming: Naming = XLT):
   """NuSLERP (mergekit's "nuslerp"): the slerp of two models' task vectors, or of the models
@@ -147,19 +165,22 @@ def nuslerp(base, experts, *, weights: Sequence[float], row_wise: bool = False, 
   experts = core.expert_list(experts)
   if len(experts) != 2:
     raise ValueError(f"nuslerp merges exactly two models, got {len(experts)}")
-  trees = experts if base is None else [base, *experts]
-  core.check_compatible(trees, (["base"] if base is not None else []) + _names(2, "expert"))
   w = core.per_expert(weights, 2, "nuslerp weights")
   t = 0.5 if abs(w[0] + w[1]) < 1e-6 else w[1] / (w[0] + w[1])
 
-  def merge(path, *xs):
+  def merge(path, b, xs):
     xs = [core.as_compute(x) for x in xs]
-    if base is None:
+    if b is None:
       return _nuslerp_leaf(t, xs[0], xs[1], path, row_wise, flatten, naming)
-    b = xs[0]
-    return b + _nuslerp_leaf(t, xs[1] - b, xs[2] - b, path, row_wise, flatten, naming)
+    b = core.as_compute(b)
+    return b + _nuslerp_leaf(t, xs[0] - b, xs[1] - b, path, row_wise, flatten, naming)
 
-  return core.map_leaves(merge, *trees)
+  return core.over_leaves(merge, {"base": base, "experts": experts}, lists=("experts",))
+
+# without a base: a choice of method, never a missing input (the module docstring)
+declare.register("nuslerp_nobase", without_base(nuslerp), ("models+",), f"{_MERGEKIT} (nuslerp: mergekit's source)",
+                 mergekit="nuslerp", layer_aware=_row_wise)
+
 
 
 def _multislerp_leaf(xs, weights, eps: float):
@@ -180,6 +201,7 @@ def _multislerp_leaf(xs, weights, eps: float):
   return out * float(np.dot(norms, weights))
 
 
+@declare.method("multislerp", ("base", "experts+"), paper=_MULTISLERP, mergekit="multislerp")
 def multislerp(base, experts, *, weights: float | Sequence[float], normalize_weights: bool = True,
                eps: float = 1e-8, naming: Naming = XLT):
   """Multi-SLERP (Goddard, mergekit's "multislerp"): a weighted barycentre on the sphere of any
@@ -199,25 +221,24 @@ def multislerp(base, experts, *, weights: float | Sequence[float], normalize_wei
   naming: unused (each tensor is one vector); accepted so every merge has the same keywords.
   """
   experts = core.expert_list(experts)
-  trees = experts if base is None else [base, *experts]
-  core.check_compatible(trees, (["base"] if base is not None else []) + _names(len(experts), "expert"))
   w = core.per_expert(weights, len(experts), "multislerp weights")
   if normalize_weights and sum(w) == 0:
     raise ValueError(f"multislerp weights {w} sum to 0: they cannot be normalised")
   w = [x / sum(w) for x in w] if normalize_weights else w
 
-  def merge(_, *xs):
-    if base is None and len(xs) == 1:
+  def merge(_, b, xs):
+    if len(xs) == 1:
       return xs[0]
     xs = [core.as_compute(x) for x in xs]
-    if base is None:
+    if b is None:
       return _multislerp_leaf(xs, w, eps)
-    if len(xs) == 2:
-      return xs[1]
-    b = xs[0]
-    return b + _multislerp_leaf([x - b for x in xs[1:]], w, eps)
+    b = core.as_compute(b)
+    return b + _multislerp_leaf([x - b for x in xs], w, eps)
 
-  return core.map_leaves(merge, *trees)
+  return core.over_leaves(merge, {"base": base, "experts": experts}, lists=("experts",))
+
+declare.register("multislerp_nobase", without_base(multislerp), ("models+",), _MULTISLERP, mergekit="multislerp")
+
 
 
 def _karcher_leaf(xs, alphas, max_iter: int, tol: float):
@@ -248,8 +269,17 @@ def _karcher_leaf(xs, alphas, max_iter: int, tol: float):
   return mean * float(sum(w * n for w, n in zip(alphas, norms)))
 
 
-def karcher(models, *, weights: Sequence[float] | None = None, max_iter: int = 10, tol: float = 1e-5,
-            naming: Naming = XLT):
+def _karcher_weights(n: int, *, weights, max_iter, tol):
+  w = core.per_expert(1.0 if weights is None else weights, n, "karcher weights")
+  if min(w) < 0 or sum(w) <= 0:
+    raise ValueError(f"karcher weights must be non-negative with a positive sum, got {w}")
+  return {"weights": [x / sum(w) for x in w], "max_iter": max_iter, "tol": tol}
+
+
+@declare.per_tensor("karcher", ("models+",), mergekit="karcher", prepare=_karcher_weights,
+                    paper="Karcher 1977, Riemannian center of mass and mollifier smoothing (mergekit cites "
+                    "arXiv:2603.04972)")
+def karcher(models, *, weights: Sequence[float] | None = None, max_iter: int = 10, tol: float = 1e-5):
   """The Karcher mean (Karcher 1977; mergekit's "karcher"): the weighted Riemannian centre of the
   models' directions on the unit sphere, per tensor, scaled by their weighted mean norm.
 
@@ -265,22 +295,21 @@ def karcher(models, *, weights: Sequence[float] | None = None, max_iter: int = 1
     and the norm below which a tensor is left out (mergekit's default 1e-5).
   naming: unused (each tensor is one vector); accepted so every merge has the same keywords.
   """
-  models = core.expert_list(models, "models")
-  core.check_compatible(models, _names(len(models)))
-  w = core.per_expert(1.0 if weights is None else weights, len(models), "karcher weights")
-  if min(w) < 0 or sum(w) <= 0:
-    raise ValueError(f"karcher weights must be non-negative with a positive sum, got {w}")
-  w = [x / sum(w) for x in w]
-
-  def merge(_, *xs):
-    if len(xs) == 1:
-      return xs[0]
-    return _karcher_leaf([core.as_compute(x) for x in xs], w, max_iter, tol)
-
-  return core.map_leaves(merge, *models)
+  if len(models) == 1:
+    return models[0]
+  return _karcher_leaf([core.as_compute(x) for x in models], weights, max_iter, tol)
 
 
-def model_stock(base, experts, *, filter_wise: bool = False, naming: Naming = XLT):
+def _two_experts(n: int, **options):
+  if n < 2:
+    raise ValueError(f"model_stock needs at least two experts besides the base, got {n}")
+  return options
+
+
+@declare.per_tensor("model_stock", ("base", "experts+"), mergekit="model_stock", prepare=_two_experts,
+                    layer_aware=lambda o: bool(o.get("filter_wise", False)),
+                    paper="Jang et al. 2024, Model Stock: All we need is just a few fine-tuned models")
+def model_stock(base, experts, *, filter_wise: bool = False, path=None, naming: Naming = XLT):
   """Model Stock (Jang et al. 2024): the experts' average pulled toward the base by how much their
   task vectors agree, per tensor (or per row).
 
@@ -294,30 +323,23 @@ def model_stock(base, experts, *, filter_wise: bool = False, naming: Naming = XL
     the last axis) instead of one per tensor; 1-D tensors are one row either way.
   naming: where the rows of each tensor are, for filter_wise.
   """
-  experts = core.expert_list(experts)
-  if len(experts) < 2:
-    raise ValueError(f"model_stock needs at least two experts besides the base, got {len(experts)}")
-  core.check_compatible([base, *experts], ["base", *_names(len(experts), "expert")])
-  n = len(experts)
-
-  def merge(path, b, *xs):
-    b, xs = core.as_compute(b), [core.as_compute(x) for x in xs]
-    rows = (lambda x: naming.rows(path, x)) if filter_wise else (lambda x: x.reshape(1, -1))
-    offsets = [rows(x) - rows(b) for x in xs]
-    rows64 = lambda u, v: np.einsum("ij,ij->i", u, v, dtype=np.float64)
-    norms = [np.sqrt(rows64(o, o)) for o in offsets]
-    cos = np.mean([np.clip(rows64(offsets[i], offsets[j]) / np.maximum(norms[i] * norms[j], 1e-6), -1, 1)
-                   for i in range(n) for j in range(i + 1, n)], axis=0)
-    denominator = 1 + (n - 1) * cos
-    singular = np.abs(denominator) < 1e-6
-    t = np.where(singular, 0.0, n * cos / np.where(singular, 1.0, denominator))[:, None].astype(b.dtype)
-    average = sum(rows(x) for x in xs) / np.asarray(n, b.dtype)
-    out = t * average + (1 - t) * rows(b)
-    return naming.from_rows(path, out, b.shape) if filter_wise else out.reshape(b.shape)
-
-  return core.map_leaves(merge, base, *experts)
+  b, xs, n = core.as_compute(base), [core.as_compute(x) for x in experts], len(experts)
+  rows = (lambda x: naming.rows(path, x)) if filter_wise else (lambda x: x.reshape(1, -1))
+  offsets = [rows(x) - rows(b) for x in xs]
+  rows64 = lambda u, v: np.einsum("ij,ij->i", u, v, dtype=np.float64)
+  norms = [np.sqrt(rows64(o, o)) for o in offsets]
+  cos = np.mean([np.clip(rows64(offsets[i], offsets[j]) / np.maximum(norms[i] * norms[j], 1e-6), -1, 1)
+                 for i in range(n) for j in range(i + 1, n)], axis=0)
+  denominator = 1 + (n - 1) * cos
+  singular = np.abs(denominator) < 1e-6
+  t = np.where(singular, 0.0, n * cos / np.where(singular, 1.0, denominator))[:, None].astype(b.dtype)
+  average = sum(rows(x) for x in xs) / np.asarray(n, b.dtype)
+  out = t * average + (1 - t) * rows(b)
+  return naming.from_rows(path, out, b.shape) if filter_wise else out.reshape(b.shape)
 
 
+@declare.method("nearswap", ("base", "other"), mergekit="nearswap", layer_aware=_per_block_t,
+                paper="alchemonaut 2024, QuartetAnemoi-70B-t0.0001 (huggingface.co/alchemonaut), nearswap")
 def nearswap(base, other, *, t: float | Sequence[float], naming: Naming = XLT):
   """NearSwap (alchemonaut 2024, mergekit's "nearswap"): the other model's value where it is near
   the base's, the base's where the two are far apart, per entry.
@@ -330,7 +352,6 @@ def nearswap(base, other, *, t: float | Sequence[float], naming: Naming = XLT):
     weights' units; or a list of floats over the blocks (as slerp's t: `per_block`).
   naming: finds each tensor's block, for a list of t values.
   """
-  core.check_compatible([base, other], ["base", "other"])
   t_at = per_block(t, base, naming, "nearswap t")
 
   def merge(path, a, b):
@@ -338,37 +359,5 @@ def nearswap(base, other, *, t: float | Sequence[float], naming: Naming = XLT):
     w = np.clip(t_at(path) / np.maximum(np.abs(a - b), np.asarray(1e-6, a.dtype)), 0, 1).astype(a.dtype)
     return w * b + (1 - w) * a
 
-  return core.map_leaves(merge, base, other)
+  return core.over_leaves(merge, {"base": base, "other": other})
 
-
-def without_base(fn):
-  """fn(base, experts, ...) as a method of the models alone (base None), for the registry: the
-  same options and docstring, the models its first parameter."""
-
-  def merge(models, **options):
-    return fn(None, models, **options)
-
-  params = list(inspect.signature(fn).parameters.values())[2:]
-  first = inspect.Parameter("models", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-  merge.__signature__ = inspect.Signature([first, *params])
-  merge.__doc__, merge.__name__ = fn.__doc__, f"{fn.__name__}_nobase"
-  return merge
-
-
-_MERGEKIT = "Goddard et al. 2024, Arcee's MergeKit: A Toolkit for Merging Large Language Models"
-_MULTISLERP = "Goddard, Multi-SLERP (blog post: goddard.blog/posts/multislerp-wow-what-a-cool-idea; mergekit's source)"
-# (name, function, roles, paper, register keywords): xlt.merge.registry registers each
-REGISTER: list[tuple] = [
-    ("slerp", slerp, ("base", "other"), "Shoemake 1985, Animating rotation with quaternion curves", {}),
-    ("nuslerp", nuslerp, ("base", "experts+"), f"{_MERGEKIT} (nuslerp: mergekit's source)", {}),
-    ("nuslerp_nobase", without_base(nuslerp), ("models+",), f"{_MERGEKIT} (nuslerp: mergekit's source)", {}),
-    ("multislerp", multislerp, ("base", "experts+"),
-     _MULTISLERP, {}),
-    ("multislerp_nobase", without_base(multislerp), ("models+",), _MULTISLERP, {}),
-    ("karcher", karcher, ("models+",), "Karcher 1977, Riemannian center of mass and mollifier smoothing "
-     "(mergekit cites arXiv:2603.04972)", {}),
-    ("model_stock", model_stock, ("base", "experts+"),
-     "Jang et al. 2024, Model Stock: All we need is just a few fine-tuned models", {}),
-    ("nearswap", nearswap, ("base", "other"),
-     "alchemonaut 2024, QuartetAnemoi-70B-t0.0001 (huggingface.co/alchemonaut), nearswap", {}),
-] + selective.REGISTER

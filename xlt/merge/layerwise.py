@@ -15,16 +15,8 @@ from __future__ import annotations
 
 from xlt import paths as naming_lib
 from xlt.merge import core
+from xlt.merge.declare import per_layer_options  # noqa: F401 (callers read it here too)
 from xlt.merge.geometric import per_block
-
-
-def per_layer_options(m, options: dict) -> list[str]:
-  """The options of a call to method `m` given as per-layer lists: float options (declared
-  plain `float`) whose value is a list or tuple of numbers."""
-  floats = {o.name for o in m.options if o.type in ("float", "float | None")}
-  return [k for k, v in (options or {}).items()
-          if k in floats and isinstance(v, (list, tuple))
-          and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)]
 
 
 def _tree(paths: list, leaf_of):

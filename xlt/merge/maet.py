@@ -45,7 +45,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from xlt.merge import core
+from xlt.merge import core, declare
 from xlt.paths import XLT, Naming, path_str
 
 SIMILARITIES = ("cosine", "dot")
@@ -76,6 +76,11 @@ def tensor_similarity(a, b, similarity: str = "cosine") -> float:
   return dot / norms if norms > 0 else 0.0
 
 
+# the registry's merges return one tree (hidden return_info): call maet itself for the info
+@declare.method("maet", ("base", "ability_model", "source_language_model", "target_language_models+"),
+                paper="Chen et al. 2024, MAET: Extracting and Transferring Abilities for Building Multi-lingual "
+                "Ability-enhanced Large Language Models", trees=("ability_neurons", "source_neurons"),
+                hidden=("return_info",), layer_aware=True)
 def maet(base, ability_model, source_language_model, target_language_models, *,
          alpha: float = 0.8, beta: float = 0.2, mu: float | Sequence[float] | None = None,
          key_ratio: float = 0.05, tensor_ratio: float = 0.8, gamma: float = 0.2, eta: float = 1.0,

@@ -7,10 +7,11 @@ A method is called the same way whatever it is, on in-memory trees or (through
   registry.merge("ties", {"base": b, "experts": [t, l]}, {"density": 0.2})
   print(registry.describe())            # every method, its inputs, options and paper
 
-Options are read from each function's signature (name, default, type annotation; one
-without a default is required) and their help from its docstring's "name: help" lines,
-so the registry never repeats what the function says. A role whose name ends in "+" at
-registration takes a non-empty list of models.
+Each method is declared next to its function (xlt.merge.declare: `@declare.method` or the
+per-tensor `@declare.per_tensor`); importing the modules below is what registers them. Options
+are read from each function's signature (name, default, type annotation; one without a default
+is required) and their help from its docstring's "name: help" lines, so the registry never
+repeats what the function says. A role whose name ends in "+" takes a non-empty list of models.
 
 Names only where needed: most methods combine each tensor with the same tensor of the other
 inputs and never ask which block it is in or where its rows are, so they merge any tensor
@@ -24,175 +25,23 @@ needs a naming rule (xlt.paths): "hf", "xlt" or a block prefix pattern such as
 from __future__ import annotations
 
 import ast
-import dataclasses
-import inspect
 import numbers
-import re
-from typing import Any, Callable
 
 import numpy as np
 
 from xlt import paths as naming_lib
-from xlt.merge import combine, core, geometric, layerwise, sparse, swap
-from xlt.merge.maet import maet as _maet  # xlt.merge.maet is the function
+from xlt.merge import core, declare, layerwise
+# every module that declares methods (xlt.merge.declare), imported for its declarations
+from xlt.merge import combine, data_aware, geometric, localize, maet, selective, sparse, subspace, swap  # noqa: F401
+from xlt.merge.declare import METHODS, REQUIRED, ROLE_HELP, Method, Option, Role, register  # noqa: F401
 
-REQUIRED = inspect.Parameter.empty  # the default of an option that has none
-
-# what each role's model is, for every method that takes it
-ROLE_HELP = {
-    "base": "the model every other input was fine-tuned from",
-    "experts": "the fine-tuned models to merge",
-    "expert": "the fine-tuned model whose small changes go back to the base",
-    "task_expert": "fine-tuned on the task in the high-resource language",
-    "language_expert": "fine-tuned on general data in the target language",
-    "ability_model": "base trained on ability (task) data in the source language",
-    "source_language_model": "base trained on general data in the source language",
-    "target_language_models": "base trained on general data in each target language",
-    "other": "the model merged into the base (for slerp: the end t = 1)",
-    "models": "the models to combine, weights themselves (no base, no task vectors)",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Role:
-  """One input of a method: a model, or a non-empty list of models (`many`)."""
-  name: str
-  many: bool
-  help: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Option:
-  """One keyword of a method: `type` is the annotation as written ("" when none);
-  `tree` options take parameter trees (masks), so only Python callers can set them."""
-  name: str
-  type: str
-  default: Any
-  help: str
-  tree: bool = False
-
-  @property
-  def required(self) -> bool:
-    return self.default is REQUIRED
-
-
-@dataclasses.dataclass(frozen=True)
-class Method:
-  name: str
-  fn: Callable
-  roles: tuple[Role, ...]
-  options: tuple[Option, ...]
-  paper: str
-  summary: str  # the first sentence of the function's docstring
-  # True when the method reads blocks or rows, or a predicate on the options for one that
-  # does only with some of them (slerp's per-block t); see `uses_layers`
-  layer_aware: bool | Callable[[dict], bool] = False
-
-  def uses_layers(self, options: dict | None = None) -> bool:
-    """Whether this call reads the naming's blocks or rows: the method always does, or
-    these options make it (a tree option, a neuron mask, always does)."""
-    options = options or {}
-    if any(o.tree and options.get(o.name) is not None for o in self.options):
-      return True
-    if layerwise.per_layer_options(self, options):
-      return True  # per-layer values (xlt.merge.layerwise): the blocks must be known
-    return bool(self.layer_aware(options) if callable(self.layer_aware) else self.layer_aware)
-
-  def option(self, name: str) -> Option:
-    for o in self.options:
-      if o.name == name:
-        return o
-    raise ValueError(f"merge method {self.name} has no option {name}")
-
-
-def _sentence(text: str) -> str:
-  """The first sentence of `text` (a ". " or "; " outside brackets, not after e.g./i.e.)."""
-  depth = 0
-  for i, ch in enumerate(text):
-    depth += (ch in "([{") - (ch in ")]}")
-    if depth == 0 and ch in ".;" and text[i + 1:i + 2] in (" ", "") and not text[:i].endswith(("e.g", "i.e")):
-      return text[:i]
-  return text
-
-
-def _docstring_args(fn) -> dict[str, str]:
-  """{parameter: help} from the "name: text" (or "a, b: text") lines of fn's docstring,
-  each entry with its more indented continuation lines, cut to its first sentence."""
-  entries, current, indent = {}, None, 0
-  for line in (inspect.getdoc(fn) or "").splitlines():
-    m = re.match(r"^(\s*)([a-z_][a-z0-9_]*(?:, [a-z_][a-z0-9_]*)*): (\S.*)$", line)
-    if m and (current is None or len(m.group(1)) <= indent):
-      current, indent = [m.group(3)], len(m.group(1))
-      for name in m.group(2).split(", "):
-        entries.setdefault(name, current)
-    elif current is not None and line.strip() and len(line) - len(line.lstrip()) > indent:
-      current.append(line.strip())
-    else:
-      current = None
-  return {name: _sentence(" ".join(text)) for name, text in entries.items()}
-
-
-def _annotation(p: inspect.Parameter) -> str:
-  if p.annotation is inspect.Parameter.empty:
-    return ""
-  return p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", str(p.annotation))
-
-
-METHODS: dict[str, Method] = {}
-
-
-def register(name: str, fn: Callable, roles: tuple[str, ...], paper: str, *,
-             trees: tuple[str, ...] = (), hidden: tuple[str, ...] = (),
-             layer_aware: bool | Callable[[dict], bool] = False) -> Method:
-  """Adds a method: `roles` are fn's leading positional parameters ("name+" for a list of
-  models), every other parameter but `naming` and `hidden` ones is an option; `trees`
-  names the options that take parameter trees; `layer_aware` says whether it reads the
-  naming's blocks or rows (`Method.layer_aware`)."""
-  params = inspect.signature(fn).parameters
-  role_names = [r.rstrip("+") for r in roles]
-  if list(params)[:len(roles)] != role_names:
-    raise ValueError(f"{name}: roles {role_names} are not the first parameters of {fn.__name__}")
-  doc = _docstring_args(fn)
-  options = tuple(Option(p.name, _annotation(p), p.default, doc.get(p.name, ""), p.name in trees)
-                  for p in list(params.values())[len(roles):] if p.name not in ("naming", *hidden))
-  summary = _sentence(" ".join((inspect.getdoc(fn) or "").split("\n\n")[0].split()))
-  method = Method(name, fn, tuple(Role(r.rstrip("+"), r.endswith("+"), ROLE_HELP[r.rstrip("+")]) for r in roles),
-                  options, paper, summary, layer_aware)
-  METHODS[name] = method
-  return method
-
-
-_LAYER_SWAPPING = "Bandarkar et al. 2024, Layer Swapping for Zero-Shot Cross-Lingual Transfer in Large Language Models"
-register("layer_swap", swap.layer_swap, ("task_expert", "language_expert"), _LAYER_SWAPPING, layer_aware=True)
-register("soup", combine.soup, ("experts+",), "Wortsman et al. 2022, Model soups: averaging weights of multiple "
-         "fine-tuned models improves accuracy without increasing inference time")
-register("task_arithmetic", combine.task_arithmetic, ("base", "experts+"),
-         "Ilharco et al. 2023, Editing models with task arithmetic", trees=("masks",))
-register("ties", combine.ties, ("base", "experts+"),
-         "Yadav et al. 2023, TIES-Merging: Resolving Interference When Merging Models", trees=("masks",))
-register("dare", combine.dare, ("base", "experts+"), "Yu et al. 2024, DARE: Language Models are Super Mario: "
-         "Absorbing Abilities from Homologous Models as a Free Lunch", trees=("masks",))
-register("maet", _maet, ("base", "ability_model", "source_language_model", "target_language_models+"),
-         "Chen et al. 2024, MAET: Extracting and Transferring Abilities for Building Multi-lingual "
-         "Ability-enhanced Large Language Models", trees=("ability_neurons", "source_neurons"),
-         hidden=("return_info",), layer_aware=True)  # the registry's merges return one tree: call maet for the info
-register("sparsify_rows", combine.sparsify_rows, ("expert", "base"),
-         _LAYER_SWAPPING + " (section 3.2, row-level sparsification)", layer_aware=True)
-
-# Which of the methods below read blocks or rows (each checked in its module): della ranks
-# entries within rows, arcee_fusion's softmax runs along rows; slerp and nearswap read blocks
-# only for a list of t (one per block), nuslerp rows unless it flattens, model_stock when
-# filter_wise. Every other one of them treats each tensor as one vector or entry by entry.
-_per_block_t = lambda o: np.ndim(o.get("t", 0)) > 0
-_LAYER_AWARE = {"della": True, "della_linear": True, "arcee_fusion": True, "slerp": _per_block_t,
-                "nearswap": _per_block_t, "nuslerp": lambda o: not o.get("flatten", True),
-                "nuslerp_nobase": lambda o: not o.get("flatten", True),
-                "model_stock": lambda o: bool(o.get("filter_wise", False))}
-
-# the methods mergekit users know, each module listing its own: (name, function, roles, paper,
-# register's keywords)
-for _name, _fn, _roles, _paper, _kw in sparse.REGISTER + geometric.REGISTER:
-  register(_name, _fn, _roles, _paper, layer_aware=_LAYER_AWARE.get(_name, False), **_kw)
+# listed module by module in this order (the methods xlt started with, then mergekit's kin),
+# each module's in the order it declares them
+_MODULES = [f"xlt.merge.{m}" for m in ("swap", "combine", "maet", "sparse", "geometric", "selective", "subspace",
+                                        "localize", "data_aware")]
+for _m in sorted(METHODS.values(), key=lambda m: _MODULES.index(m.fn.__module__)
+                 if m.fn.__module__ in _MODULES else len(_MODULES)):
+  METHODS[_m.name] = METHODS.pop(_m.name)
 
 
 def parse_spec(spec: str, what: str = "merge") -> tuple[str, dict]:
@@ -212,7 +61,7 @@ def get(method: str) -> Method:
   return METHODS[method]
 
 
-def _role_list(m: Method) -> str:
+def role_list(m: Method) -> str:
   return ", ".join(r.name + (" (list)" if r.many else "") for r in m.roles)
 
 
@@ -241,7 +90,7 @@ def check(method: str, inputs: dict, options: dict | None = None, *, trees_allow
   missing = [r for r in roles if r not in inputs]
   unknown = sorted(set(inputs) - set(roles))
   if missing or unknown:
-    raise ValueError(f"merge method {method} takes inputs {_role_list(m)}; missing {missing}, unknown {unknown}")
+    raise ValueError(f"merge method {method} takes inputs {role_list(m)}; missing {missing}, unknown {unknown}")
   for r in m.roles:
     if r.many and (not isinstance(inputs[r.name], (list, tuple)) or not inputs[r.name]):
       raise ValueError(f"merge method {method}: input {r.name} is a non-empty list of models, "
@@ -255,9 +104,10 @@ def check(method: str, inputs: dict, options: dict | None = None, *, trees_allow
   for name, value in options.items():
     o = m.option(name)
     if o.tree and not trees_allowed and value is not None:
-      raise ValueError(f"merge method {method}: option {name} takes a parameter tree, which only a "
-                       "Python call can give (xlt.merge.registry.merge)")
-    per_layer = bool(layerwise.per_layer_options(m, {name: value}))
+      what = "a parameter tree" if o.rows else "Python objects"
+      raise ValueError(f"merge method {method}: option {name} takes {what}, which only a Python call can give "
+                       "(xlt.merge.registry.merge)")
+    per_layer = bool(declare.per_layer_options(m, {name: value}))
     if not o.tree and not per_layer and not _type_ok(value, o.type):
       shown = " ".join(repr(value).split())
       shown = shown if len(shown) <= 60 else shown[:57] + "..."
@@ -303,7 +153,7 @@ def merge(method: str, inputs: dict, options: dict | None = None, *,
     first = first[0] if m.roles[0].many else first
     naming = naming_for_method(m, options, [p for p, _ in core.leaves_with_paths(first)], naming)
   args = [list(inputs[r.name]) if r.many else inputs[r.name] for r in m.roles]
-  if varying := layerwise.per_layer_options(m, options):
+  if varying := declare.per_layer_options(m, options):
     return layerwise.merge(m, args, dict(options), varying, naming)
   return m.fn(*args, **dict(options or {}), naming=naming)
 
@@ -331,12 +181,16 @@ def describe(method: str | None = None) -> str:
   for m in [get(method)] if method else METHODS.values():
     aware = ("reads blocks or rows: needs a naming rule" if m.layer_aware is True else
              "names needed only with some options" if m.layer_aware else "merges any tensor by name")
-    lines = [f"{m.name}: {m.summary}", f"  paper: {m.paper}", f"  layers: {aware}", "  inputs:"]
+    lines = [f"{m.name}: {m.summary}", f"  paper: {m.paper}", f"  layers: {aware}"]
+    if m.mergekit:
+      lines.append(f"  mergekit: {m.mergekit}" + ("" if m.mergekit == m.name else " (accepted as its name too)"))
+    lines.append("  inputs:")
     lines += [f"    {r.name}{' (list)' if r.many else ''}: {r.help}" for r in m.roles]
     lines.append("  options:" if m.options else "  options: none")
     for o in m.options:
       default = "required" if o.required else f"default {o.default!r}"
-      kind = "parameter tree, Python only" if o.tree else o.type
+      kind = ("parameter tree, Python only" if o.rows else "Python only") if o.tree else o.type
       lines.append(f"    {o.name} ({kind}; {default}): {o.help}")
     blocks.append("\n".join(lines))
   return "\n\n".join(blocks)
+

@@ -32,8 +32,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from xlt.merge import combine, core
+from xlt.merge import combine, core, declare
 from xlt.paths import XLT, Naming
+
+_YU = "Yu et al. 2024, DARE: Language Models are Super Mario: Absorbing Abilities from Homologous Models as a Free Lunch"
+_YADAV = "Yadav et al. 2023, TIES-Merging: Resolving Interference When Merging Models"
+_DAVARI = "Davari & Belilovsky 2023, Model Breadcrumbs: Scaling Multi-Task Model Merging with Sparse Masks"
+_DEEP = "Deep et al. 2024, DELLA-Merging: Reducing Interference in Model Merging through Magnitude-Based Sampling"
 
 _OPTIONS = {  # help of the options several methods share, appended to their docstrings by _document
     "weights": """weights: the weight of each expert's sparsified delta, one float for all or one
@@ -63,10 +68,13 @@ rescale: True or "l1" (mergekit's default: each sparsified tensor times |delta|_
 }
 
 
-def _document(fn, *options: str) -> None:
-  """Appends the help of `options` (keys of _OPTIONS) to fn's docstring, where the registry
-  reads each option's help."""
-  fn.__doc__ = "\n".join([inspect.cleandoc(fn.__doc__), *(_OPTIONS[o] for o in options)])
+def _document(*options: str):
+  """A decorator appending the help of `options` (keys of _OPTIONS) to the function's
+  docstring, where its declaration (below it: applied first) reads each option's help."""
+  def document(fn):
+    fn.__doc__ = "\n".join([inspect.cleandoc(fn.__doc__), *(_OPTIONS[o] for o in options)])
+    return fn
+  return document
 
 
 def _rescale_mode(rescale, what: str, random: bool) -> str:
@@ -89,14 +97,11 @@ def _gta(base, experts, sparsify, weights, *, consensus: bool, normalize: bool, 
          naming: Naming, what: str):
   """mergekit's generalized task arithmetic (see the module docstring): `sparsify(i, path,
   delta)` sparsifies expert i's delta of one leaf."""
-  experts = core.expert_list(experts)
-  core.check_compatible([base, *experts], ["base", *[f"expert {i}" for i in range(len(experts))]])
-  experts = combine._restrict(base, experts, masks, naming, what)
-  weights = core.per_expert(weights, len(experts), f"{what} weights")
+  weights = core.per_expert(weights, len(core.expert_list(experts)), f"{what} weights")
   if not np.isfinite(scale):
     raise ValueError(f"{what} scale must be a finite number, got {scale}")
 
-  def merge(path, b, *xs):
+  def merge(path, b, xs):
     b = core.as_compute(b)
     deltas = np.stack([w * sparsify(i, path, core.as_compute(x) - b) for i, (w, x) in enumerate(zip(weights, xs))])
     per_entry = np.reshape(np.asarray(weights, b.dtype), (-1,) + (1,) * b.ndim)
@@ -113,7 +118,8 @@ def _gta(base, experts, sparsify, weights, *, consensus: bool, normalize: bool, 
       mixed = mixed / divisor
     return b + (scale * mixed).astype(b.dtype)
 
-  return core.map_leaves(merge, base, *experts)
+  return core.over_leaves(merge, {"base": base, "experts": experts}, lists=("experts",), masks=masks,
+                          naming=naming)
 
 
 # ---- sparsifiers of one delta tensor
@@ -184,6 +190,8 @@ def _seed(seed, what: str) -> int:
 # ---- the methods
 
 
+@declare.method("dare_ties", ("base", "experts+"), paper=f"{_YU} + {_YADAV}", mergekit="dare_ties", trees=("masks",))
+@_document("weights", "normalize", "scale", "seed", "masks", "naming")
 def dare_ties(base, experts, *, density: float | Sequence[float] = 0.1, weights: float | Sequence[float] = 1.0,
               normalize: bool = False, rescale: bool | str = True, scale: float = 1.0, seed: int = 0, masks=None,
               naming: Naming = XLT):
@@ -210,8 +218,6 @@ def dare_ties(base, experts, *, density: float | Sequence[float] = 0.1, weights:
               naming=naming, what="dare_ties")
 
 
-_document(dare_ties, "weights", "normalize", "scale", "seed", "masks", "naming")
-
 
 def _breadcrumbs(base, experts, density, gamma, weights, normalize, rescale, scale, masks, naming, what,
                  consensus):
@@ -224,6 +230,8 @@ def _breadcrumbs(base, experts, density, gamma, weights, normalize, rescale, sca
               masks=masks, naming=naming, what=what)
 
 
+@declare.method("breadcrumbs", ("base", "experts+"), paper=_DAVARI, mergekit="breadcrumbs", trees=("masks",))
+@_document("breadcrumbs", "weights", "normalize", "scale", "masks", "naming")
 def breadcrumbs(base, experts, *, density: float | Sequence[float] = 0.1, gamma: float | Sequence[float] = 0.01,
                 weights: float | Sequence[float] = 1.0, normalize: bool = False, rescale: bool | str = False,
                 scale: float = 1.0, masks=None, naming: Naming = XLT):
@@ -237,6 +245,8 @@ def breadcrumbs(base, experts, *, density: float | Sequence[float] = 0.1, gamma:
                       "breadcrumbs", consensus=False)
 
 
+@declare.method("breadcrumbs_ties", ("base", "experts+"), paper=f"{_DAVARI} + {_YADAV}", mergekit="breadcrumbs_ties", trees=("masks",))
+@_document("breadcrumbs", "weights", "normalize", "scale", "masks", "naming")
 def breadcrumbs_ties(base, experts, *, density: float | Sequence[float] = 0.1,
                      gamma: float | Sequence[float] = 0.01, weights: float | Sequence[float] = 1.0,
                      normalize: bool = False, rescale: bool | str = False, scale: float = 1.0, masks=None,
@@ -250,9 +260,6 @@ def breadcrumbs_ties(base, experts, *, density: float | Sequence[float] = 0.1,
   return _breadcrumbs(base, experts, density, gamma, weights, normalize, rescale, scale, masks, naming,
                       "breadcrumbs_ties", consensus=True)
 
-
-for _fn in (breadcrumbs, breadcrumbs_ties):
-  _document(_fn, "breadcrumbs", "weights", "normalize", "scale", "masks", "naming")
 
 
 def _della(base, experts, density, epsilon, weights, normalize, rescale, scale, seed, masks, naming, what,
@@ -269,6 +276,8 @@ def _della(base, experts, density, epsilon, weights, normalize, rescale, scale, 
               masks=masks, naming=naming, what=what)
 
 
+@declare.method("della", ("base", "experts+"), paper=_DEEP, mergekit="della", trees=("masks",), layer_aware=True)
+@_document("della", "weights", "normalize", "scale", "seed", "masks", "naming")
 def della(base, experts, *, density: float | Sequence[float] = 0.5, epsilon: float | Sequence[float] = 0.15,
           weights: float | Sequence[float] = 1.0, normalize: bool = True, rescale: bool | str = True,
           scale: float = 1.0, seed: int = 0, masks=None, naming: Naming = XLT):
@@ -284,6 +293,8 @@ def della(base, experts, *, density: float | Sequence[float] = 0.5, epsilon: flo
                 "della", consensus=True)
 
 
+@declare.method("della_linear", ("base", "experts+"), paper=_DEEP, mergekit="della_linear", trees=("masks",), layer_aware=True)
+@_document("della", "weights", "normalize", "scale", "seed", "masks", "naming")
 def della_linear(base, experts, *, density: float | Sequence[float] = 0.5, epsilon: float | Sequence[float] = 0.15,
                  weights: float | Sequence[float] = 1.0, normalize: bool = False, rescale: bool | str = True,
                  scale: float = 1.0, seed: int = 0, masks=None, naming: Naming = XLT):
@@ -296,11 +307,15 @@ def della_linear(base, experts, *, density: float | Sequence[float] = 0.5, epsil
                 "della_linear", consensus=False)
 
 
-for _fn in (della, della_linear):
-  _document(_fn, "della", "weights", "normalize", "scale", "seed", "masks", "naming")
+
+def _select_topk(_, *, select_topk):
+  core.check_range("SCE select_topk", select_topk, 0.0, 1.0, low_open=True)
+  return {"select_topk": select_topk}
 
 
-def sce(base, experts, *, select_topk: float = 1.0, masks=None, naming: Naming = XLT):
+@declare.per_tensor("sce", ("base", "experts+"), mergekit="sce", trees=("masks",), prepare=_select_topk,
+                    paper="Wan et al. 2024, FuseChat: Knowledge Fusion of Chat Models (SCE: select, calculate, erase)")
+def sce(base, experts, *, select_topk: float = 1.0, masks=None):
   """SCE (Wan et al. 2024, FuseChat): Select the entries where the experts' deltas vary most,
   Calculate each expert's weight from its delta's energy, Erase minority signs: mergekit's `sce`.
 
@@ -319,42 +334,16 @@ def sce(base, experts, *, select_topk: float = 1.0, masks=None, naming: Naming =
   masks: neuron masks restricting each delta first (as in task_arithmetic).
   naming: how rows are laid out, for row masks.
   """
-  experts = core.expert_list(experts)
-  core.check_compatible([base, *experts], ["base", *[f"expert {i}" for i in range(len(experts))]])
-  experts = combine._restrict(base, experts, masks, naming, "SCE")
-  core.check_range("SCE select_topk", select_topk, 0.0, 1.0, low_open=True)
-
-  def merge(_, b, *xs):
-    b = core.as_compute(b)
-    tvs = np.stack([core.as_compute(x) - b for x in xs])
-    if select_topk < 1:
-      var = tvs.var(axis=0)
-      k = int(np.count_nonzero(var) * select_topk)
-      tvs = np.where(core.top_fraction_mask(var, k / var.size) if k else False, tvs, 0).astype(b.dtype)
-    energy = np.mean(np.square(tvs.reshape(len(xs), -1), dtype=np.float64), axis=1)
-    w = energy / energy.sum() if energy.sum() > 0 else np.full(len(xs), 1 / len(xs))
-    agree = np.sign(tvs) == np.where(tvs.sum(axis=0, dtype=np.float64) >= 0, 1, -1)
-    erased = np.where(agree, np.reshape(w, (-1,) + (1,) * b.ndim), 0)
-    total = erased.sum(axis=0)
-    mean = (tvs * erased).sum(axis=0) / np.where(total > 0, total, 1)
-    return b + mean.astype(b.dtype)
-
-  return core.map_leaves(merge, base, *experts)
-
-
-_YU = "Yu et al. 2024, DARE: Language Models are Super Mario: Absorbing Abilities from Homologous Models as a Free Lunch"
-_YADAV = "Yadav et al. 2023, TIES-Merging: Resolving Interference When Merging Models"
-_DAVARI = "Davari & Belilovsky 2023, Model Breadcrumbs: Scaling Multi-Task Model Merging with Sparse Masks"
-_DEEP = "Deep et al. 2024, DELLA-Merging: Reducing Interference in Model Merging through Magnitude-Based Sampling"
-_MASKS = {"trees": ("masks",)}
-
-# (name, function, roles, paper, register keywords): xlt.merge.registry registers each
-REGISTER: list[tuple] = [
-    ("dare_ties", dare_ties, ("base", "experts+"), f"{_YU} + {_YADAV}", _MASKS),
-    ("breadcrumbs", breadcrumbs, ("base", "experts+"), _DAVARI, _MASKS),
-    ("breadcrumbs_ties", breadcrumbs_ties, ("base", "experts+"), f"{_DAVARI} + {_YADAV}", _MASKS),
-    ("della", della, ("base", "experts+"), _DEEP, _MASKS),
-    ("della_linear", della_linear, ("base", "experts+"), _DEEP, _MASKS),
-    ("sce", sce, ("base", "experts+"), "Wan et al. 2024, FuseChat: Knowledge Fusion of Chat Models (SCE: "
-     "select, calculate, erase)", _MASKS),
-]
+  b = core.as_compute(base)
+  tvs = np.stack([core.as_compute(x) - b for x in experts])
+  if select_topk < 1:
+    var = tvs.var(axis=0)
+    k = int(np.count_nonzero(var) * select_topk)
+    tvs = np.where(core.top_fraction_mask(var, k / var.size) if k else False, tvs, 0).astype(b.dtype)
+  energy = np.mean(np.square(tvs.reshape(len(experts), -1), dtype=np.float64), axis=1)
+  w = energy / energy.sum() if energy.sum() > 0 else np.full(len(experts), 1 / len(experts))
+  agree = np.sign(tvs) == np.where(tvs.sum(axis=0, dtype=np.float64) >= 0, 1, -1)
+  erased = np.where(agree, np.reshape(w, (-1,) + (1,) * b.ndim), 0)
+  total = erased.sum(axis=0)
+  mean = (tvs * erased).sum(axis=0) / np.where(total > 0, total, 1)
+  return b + mean.astype(b.dtype)

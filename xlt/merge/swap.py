@@ -17,7 +17,7 @@ the blocks (embeddings, final norm, output layer) work best as averages of the e
 
 from __future__ import annotations
 
-from xlt.merge import combine, core
+from xlt.merge import combine, core, declare
 from xlt.paths import XLT, Naming
 
 NON_BLOCK_RULES = ("average", "task", "language")
@@ -84,6 +84,7 @@ def num_blocks_of(tree, naming: Naming = XLT, expected: int | None = None) -> in
   return found
 
 
+@declare.method("layer_swap", ("task_expert", "language_expert"), paper=combine.LAYER_SWAPPING, layer_aware=True)
 def layer_swap(task_expert, language_expert, *, bottom: int, top: int, lower_transition: int = 0,
                upper_transition: int = 0, task_weight: float = 1.0, language_weight: float = 1.0,
                non_block: str = "average", num_blocks: int | None = None, naming: Naming = XLT):

@@ -19,7 +19,23 @@ import numpy as np
 from xlt import paths as naming_lib
 from xlt.io import hf_dir as hf
 from xlt.io.tensor_files import load
-from xlt.merge import analysis, registry
+from xlt.merge import analysis, lora_adapters, registry
+
+
+def _adapter_of(path: str) -> tuple[str, str | None]:
+  """(model, PEFT adapter directory or None) of an input: mergekit's "model+adapter" reference
+  when the part after "+" is an adapter directory, else the path itself."""
+  model, sep, adapter = str(path).partition("+")
+  if sep and os.path.isfile(os.path.join(adapter, lora_adapters.PEFT_CONFIG)):
+    return model, adapter
+  return str(path), None
+
+
+def load_input(path: str) -> dict:
+  """An input's tensors: a checkpoint (lazy), or "model+adapter": the model with the PEFT LoRA
+  adapter merged in (its adapted weights read and summed; lora_adapters.with_peft)."""
+  model, adapter = _adapter_of(path)
+  return load(model) if adapter is None else lora_adapters.with_peft(load(model), adapter)
 
 
 def source_model(inputs: dict, roles: list[str], config_from: str | None = None) -> str | None:
@@ -30,22 +46,32 @@ def source_model(inputs: dict, roles: list[str], config_from: str | None = None)
     if config_from not in inputs:
       raise ValueError(f"config_from={config_from!r} is not one of the inputs {sorted(inputs)}")
     path = inputs[config_from]
-    path = path[0] if isinstance(path, (list, tuple)) else path
+    path = _adapter_of(path[0] if isinstance(path, (list, tuple)) else path)[0]
     if not os.path.isfile(os.path.join(path, hf.CONFIG)):
       raise ValueError(f"config_from={config_from!r}: {path} has no {hf.CONFIG}")
     return path
   for role in ["base"] + roles:
     paths = inputs.get(role, [])
     for path in paths if isinstance(paths, (list, tuple)) else [paths]:
-      if os.path.isfile(os.path.join(path, hf.CONFIG)):
-        return path
+      model = _adapter_of(path)[0]  # "model+adapter": the model's config and tokenizer
+      if os.path.isfile(os.path.join(model, hf.CONFIG)):
+        return model
   return None
+
+
+def _check_output(output: str, overwrite: bool) -> None:
+  """A non-empty output directory xlt did not write is replaced only when asked, checked once the
+  inputs are (hf.write_model_dir checks again as it renames), so no merge work is lost to it."""
+  if (not overwrite and os.path.isdir(output) and not os.path.islink(output) and os.listdir(output)
+      and not hf.is_xlt_output(output)):
+    raise ValueError(f"{output} is a non-empty directory that xlt did not write; replace it with --overwrite "
+                     "(overwrite=True from Python), or choose another output directory")
 
 
 def merge_files(inputs: dict, method: str, output: str, options: dict | None = None, *,
                 naming: str | naming_lib.Naming = "auto", heatmaps: bool = True, config_from: str | None = None,
                 max_shard_bytes: int | str = hf.DEFAULT_MAX_SHARD_BYTES, dtype: str | None = None,
-                vocab: str | None = None) -> dict:
+                vocab: str | None = None, overwrite: bool = False) -> dict:
   """Merges checkpoint files with one of the registry's methods and writes `output` as a model
   directory (xlt.io.hf_dir: model.safetensors or shards with their index, config.json and
   tokenizer files from `source_model`, README.md naming inputs, method and options), plus
@@ -59,6 +85,7 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
   naming: "auto", "hf", "xlt", a block prefix pattern ("gpt_neox.layers.{i}.") or a Naming;
     only methods that read blocks or rows need one (`registry.naming_for_method`).
   max_shard_bytes, dtype: as `hf.write_model_dir` takes them.
+  overwrite: replace `output` even when it is a non-empty directory xlt did not write.
   vocab: what to do when the inputs' vocabularies differ (more rows in the embedding and
     head tensors of one input, e.g. a language expert with an extended tokenizer); see
     `fit_vocab`: None (an error naming the tensor), "base" or "union".
@@ -71,7 +98,8 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
   roles = [r.name for r in m.roles]
   registry.check(method, {r: v for r, v in inputs.items() if r in roles or r != "base"}, options,
                  trees_allowed=False)
-  trees = {r: [load(p) for p in v] if isinstance(v, (list, tuple)) else load(v) for r, v in inputs.items()}
+  trees = {r: [load_input(p) for p in v] if isinstance(v, (list, tuple)) else load_input(v)
+           for r, v in inputs.items()}
   labelled = _labelled(inputs, trees, ["base"] + roles)
   first = labelled[0][1]
   nm = registry.naming_for_method(m, options, list(first), naming)
@@ -86,6 +114,7 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
       source = next((p for p in largest if os.path.isfile(os.path.join(p, hf.CONFIG))), source)
     config = _with_vocab_size(source, rows)
   check_inputs(labelled, nm)
+  _check_output(output, overwrite)
   merged = registry.merge(method, {r: trees[r] for r in roles}, options, naming=nm)
   card = {"title": f"{method} merge", "method": method, "inputs": inputs, "options": options}
   if vocab:
@@ -93,7 +122,7 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
   written = hf.write_model_dir(merged, output, source_dir=source, config=config, card=card,
                                max_shard_bytes=max_shard_bytes, dtype=dtype,
                                metadata={"merge_method": method, "options": json.dumps(options, sort_keys=True)},
-                               weights_only=source is None)
+                               weights_only=source is None, overwrite=overwrite)
   del merged
   summary = {"output": written["dir"], "files": written["files"], "config_from": source, "naming": nm.name,
              "tensors": len(first), "bytes": int(sum(x.nbytes for x in first.values())), "heatmaps": []}

@@ -1,0 +1,94 @@
+"""Parity of xlt.merge.subspace / xlt.merge.localize with fusion-bench: every case of
+tests/fixtures/make_fusion_fixtures.py against its fixture (fusion-bench's output), live against
+fusion-bench where it is importable, and the recorded differences (docs/merge.md's parity table)."""
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import load_file
+
+from xlt.merge import registry
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(REPO, "tests", "fixtures", "fusion")
+TOLERANCE = 1e-5  # float32 rounding of SVDs (xlt: float64; fusion-bench: float32)
+
+
+def _load(name: str, path: str):
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+SCRIPT = _load("make_fusion_fixtures", os.path.join(REPO, "tests", "fixtures", "make_fusion_fixtures.py"))
+PARITY = _load("merge_parity_fusion", os.path.join(REPO, "benchmarks", "merge_parity_fusion.py"))
+
+
+def xlt_merge(case: str) -> dict:
+  return PARITY.xlt_merge(*SCRIPT.CASES[case])
+
+
+def max_diff(got: dict, want: dict) -> float:
+  assert got.keys() == want.keys()
+  return max(float(np.abs(np.asarray(got[k], np.float64) - want[k]).max()) for k in want)
+
+
+def test_the_fixtures_are_the_scripts_cases_and_inputs():
+  inputs = PARITY.inputs()
+  want = SCRIPT.inputs()
+  assert len(inputs["experts"]) == SCRIPT.NUM_EXPERTS
+  for got, expected in zip([inputs["base"], *inputs["experts"]], [want["base"], *(want[f"expert{i}"] for i in
+                                                                                   range(SCRIPT.NUM_EXPERTS))]):
+    assert max_diff(got, expected) == 0
+  assert PARITY._models().keys() == want.keys()
+  for case, (method, options) in SCRIPT.CASES.items():
+    with safe_open(os.path.join(FIXTURES, f"{case}.safetensors"), "numpy") as f:
+      meta = f.metadata()
+    assert meta["method"] == method and json.loads(meta["options"]) == options, case
+
+
+@pytest.mark.parametrize("case", sorted(SCRIPT.CASES))
+def test_same_tensors_as_fusion_bench(case):
+  want = load_file(os.path.join(FIXTURES, f"{case}.safetensors"))
+  got = xlt_merge(case)
+  assert max_diff(got, want) < TOLERANCE, case
+  assert all(np.asarray(got[k]).dtype == np.float32 for k in want)
+
+
+def test_the_fixtures_are_not_trivial():
+  inputs = PARITY.inputs()
+  base, experts = inputs["base"], inputs["experts"]
+  arithmetic = registry.merge("task_arithmetic", inputs)
+  outputs = {case: load_file(os.path.join(FIXTURES, f"{case}.safetensors")) for case in SCRIPT.CASES}
+  for case, out in outputs.items():  # every merge moves the base, and not as task arithmetic does
+    assert max_diff(out, base) > 0.05 and max_diff(out, arithmetic) > 0.01, case
+  # the masks keep some entries and drop others; the retrieved experts differ from each other
+  kept = np.abs(outputs["consensus"]["0.weight"] - base["0.weight"]) > 0
+  assert 0.1 < kept.mean() < 0.9
+  assert max_diff(outputs["tall_mask_e0"], outputs["tall_mask_e1"]) > 0.01
+  assert max_diff(outputs["iso_cts"], outputs["iso_c"]) > 0.01 and max_diff(outputs["iso_cts"],
+                                                                           outputs["iso_cts_half"]) > 1e-3
+  assert len(experts) == 3
+
+
+def test_the_recorded_parity_is_the_fixtures_cases():
+  with open(PARITY.RESULT) as f:
+    result = json.load(f)
+  assert list(result["cases"]) == list(SCRIPT.CASES)
+  for case, (method, options) in SCRIPT.CASES.items():
+    c = result["cases"][case]
+    assert c["method"] == method and c["options"] == options and 0 <= c["max_abs_diff"] < TOLERANCE, case
+  with safe_open(os.path.join(FIXTURES, "tsv_m.safetensors"), "numpy") as f:
+    assert result["fusion_bench"] == f.metadata()["fusion_bench"]
+
+
+@pytest.mark.parametrize("case", sorted(SCRIPT.CASES))
+def test_live_against_fusion_bench(case):
+  pytest.importorskip("torch")
+  pytest.importorskip("fusion_bench")
+  assert max_diff(xlt_merge(case), SCRIPT.run_fusion(case)) < TOLERANCE

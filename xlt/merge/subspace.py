@@ -1,0 +1,144 @@
+"""Merges in the singular subspaces of the task vectors: TSV-M (task singular vectors) and Iso-C /
+Iso-CTS (isotropic merging). Each a per-tensor function of the registry (xlt.merge.declare),
+checked against fusion-bench's implementations by tests/test_merge_subspace.py.
+
+A *matrix* is a tensor of two or more axes, seen as [axis 0, the rest] (a torch / Hugging Face
+[out, in] weight is itself, as fusion-bench sees it; TSV-M and Iso-C do not depend on which side
+is which, Iso-CTS projects its common space off the axis-0 side); every other tensor (biases,
+norm scales) is the mean of the task vectors, as in both papers. They read no names, so they
+merge any architecture. Singular value
+decompositions run in float64 (fusion-bench: float32), which changes results by rounding only.
+Each method's result is base + alpha * (its merged task vector).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xlt.merge import core, declare
+
+_TSV = "Gargiulo et al. 2025, Task Singular Vectors: Reducing Task Interference in Model Merging (TSV-M)"
+_ISO = "Marczak et al. 2025, No Task Left Behind: Isotropic Model Merging with Common and Task-Specific Subspaces"
+
+
+def _polar(x) -> np.ndarray:
+  """The orthonormal factor U V^T of x = U S V^T: the nearest matrix with orthonormal columns
+  (rows, for a wide x), how both papers decorrelate stacked singular vectors."""
+  u, _, vt = np.linalg.svd(x, full_matrices=False)
+  return u @ vt
+
+
+def _task_vectors(base, experts):
+  b = core.as_compute(base)
+  return b, [core.as_compute(x) - b for x in experts]
+
+
+def _matrix_merge(b, tvs, merge_rows):
+  """merge_rows([task vectors as [axis 0, rest] float64]) in the tensor's shape for a matrix,
+  else None (the caller takes the mean task vector)."""
+  if b.ndim < 2:
+    return None
+  return merge_rows([t.reshape(t.shape[0], -1).astype(np.float64) for t in tvs]).reshape(b.shape).astype(b.dtype)
+
+
+def _alpha(_, *, alpha: float, **options):
+  if not np.isfinite(alpha):
+    raise ValueError(f"alpha must be a finite number, got {alpha}")
+  return {"alpha": alpha, **options}
+
+
+@declare.per_tensor("tsv_m", ("base", "experts+"), paper=_TSV, prepare=_alpha)
+def tsv_m(base, experts, *, alpha: float = 1.0):
+  """TSV-M (Gargiulo et al. 2025): each task vector's top singular vectors, stacked and
+  decorrelated, per matrix.
+
+  For T experts and a matrix of rank bound r = min(rows, cols), each task vector keeps its k =
+  int(r * (1 / T)) largest singular triplets (U_i, S_i, V_i); the U_i side by side and the V_i
+  stacked are each replaced by their nearest orthonormal matrix (U V^T of their SVD), and the
+  merged task vector is U_perp diag(S_1..S_T) V_perp. With r < T no triplet fits (k = 0) and the
+  matrix stays at the base. Other tensors take the mean task vector.
+
+  alpha: the scale of the merged task vector (the paper's alpha, 1.0 by default, tuned on
+    validation data there).
+  """
+  b, tvs = _task_vectors(base, experts)
+
+  def merge_rows(rows):
+    k = int(min(rows[0].shape) * (1 / len(rows)))  # fusion-bench's expression, to its rounding
+    if k == 0:
+      return np.zeros_like(rows[0])
+    svds = [np.linalg.svd(r, full_matrices=False) for r in rows]
+    u = np.concatenate([u[:, :k] for u, _, _ in svds], axis=1)
+    s = np.concatenate([s[:k] for _, s, _ in svds])
+    vt = np.concatenate([vt[:k] for _, _, vt in svds], axis=0)
+    return (_polar(u) * s) @ _polar(vt)
+
+  merged = _matrix_merge(b, tvs, merge_rows)
+  return b + alpha * (sum(tvs) / len(tvs) if merged is None else merged)
+
+
+@declare.per_tensor("iso_c", ("base", "experts+"), paper=_ISO + " (Iso-C)", prepare=_alpha)
+def iso_c(base, experts, *, alpha: float = 1.0):
+  """Iso-C (Marczak et al. 2025): the sum of the task vectors with a flattened spectrum, per
+  matrix: U diag(mean(S)) V^T of the summed task vectors' SVD, so every direction they span
+  gets the same weight. Other tensors take the mean task vector.
+
+  alpha: the scale of the merged task vector (the paper's alpha, tuned on validation data;
+    1.0 here).
+  """
+  b, tvs = _task_vectors(base, experts)
+
+  def merge_rows(rows):
+    u, s, vt = np.linalg.svd(sum(rows), full_matrices=False)
+    return (u * s.mean()) @ vt
+
+  merged = _matrix_merge(b, tvs, merge_rows)
+  return b + alpha * (sum(tvs) / len(tvs) if merged is None else merged)
+
+
+def _iso_cts_options(_, *, alpha: float, common_space_fraction: float):
+  core.check_range("iso_cts common_space_fraction", common_space_fraction, 0.0, 1.0)
+  return _alpha(_, alpha=alpha, common_space_fraction=common_space_fraction)
+
+
+def _iso_cts_rows(rows, fraction: float):
+  """Iso-CTS's merged task vector of one matrix ([rows, rest] task vectors)."""
+  n, r = len(rows), min(rows[0].shape)
+  # the common space's size, so that the rest divides equally among the tasks
+  common = r - round((r - int(r * fraction)) / n) * n
+  common = max(common, 0)
+  per_task = (r - common) // n
+  u, s, vt = np.linalg.svd(sum(rows), full_matrices=False)
+  uc = u[:, :common]
+  us, ss, vts = [], [], []
+  for w in rows:  # each task's top directions outside the common space
+    ut, st, vtt = np.linalg.svd(w - uc @ (uc.T @ w), full_matrices=False)
+    us.append(ut[:, :per_task])
+    ss.append(st[:per_task])
+    vts.append(vtt[:per_task])
+  u_all = _polar(np.concatenate([*us, uc], axis=1))
+  vt_all = _polar(np.concatenate([*vts, vt[:common]], axis=0))
+  s_all = np.concatenate([*ss, s[:common]])
+  return (u_all * s_all.mean()) @ vt_all
+
+
+@declare.per_tensor("iso_cts", ("base", "experts+"), paper=_ISO + " (Iso-CTS)", prepare=_iso_cts_options)
+def iso_cts(base, experts, *, alpha: float = 1.0, common_space_fraction: float = 0.8):
+  """Iso-CTS (Marczak et al. 2025): Iso-C over a common subspace plus each task's own
+  directions, per matrix.
+
+  For T experts and rank bound r: the common space is the top c singular vectors of the summed
+  task vectors (c = r - round((r - int(r * common_space_fraction)) / T) * T, so the rest splits
+  evenly); each task vector, projected off the common space (on its axis-0 side),
+  contributes its top (r - c) / T singular triplets; the stacked left and right vectors are
+  made orthonormal (U V^T of their SVD) and every direction takes the mean of all the kept
+  singular values. Other tensors take the mean task vector.
+
+  alpha: the scale of the merged task vector (the paper's alpha, tuned on validation data;
+    1.0 here).
+  common_space_fraction: in [0, 1], the share of the rank given to the common space (the
+    paper's default 0.8).
+  """
+  b, tvs = _task_vectors(base, experts)
+  merged = _matrix_merge(b, tvs, lambda rows: _iso_cts_rows(rows, common_space_fraction))
+  return b + alpha * (sum(tvs) / len(tvs) if merged is None else merged)

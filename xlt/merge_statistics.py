@@ -1,0 +1,98 @@
+"""The statistics the data-aware merges (xlt.merge.data_aware) weigh experts by, from forward and
+backward passes of xlt's model over token batches:
+
+  grams(cfg, params, batches)            RegMean's Gram matrix of each attn / mlp kernel's inputs
+  diagonal_fisher(cfg, params, batches)  Fisher merging's diagonal (empirical) Fisher
+
+Each batch is int tokens [B, T] (no padding: every position counts), run through one expert's
+own parameters; the statistics are means (over tokens for a Gram matrix, over sequences for a
+Fisher), so experts measured on different amounts of data weigh alike. Memory: a Gram matrix
+per kernel ([in, in], float32) beside the model; a Fisher holds B per-sequence gradients at once
+(jax.vmap), so B bounds it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xlt import lora
+from xlt import model as model_lib
+from xlt.paths import XLT, path_names, path_str
+
+
+def num_inputs(path, shape) -> int:
+  """How many of a kernel's leading axes are its inputs (xlt.paths rows: the others)."""
+  return len(shape) - len(XLT.row_axes(path, tuple(shape)))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _batch_grams(cfg, params, targets: tuple, tokens_BxT):
+  """{kernel path: X^T X} of one batch; targets: ((path, kernel shape), ...) to measure."""
+  shapes, found = dict(targets), {}
+
+  def capture(next_fun, args, kwargs, context):
+    path = tuple(context.module.path) + ("kernel",)
+    if context.method_name == "__call__" and path in shapes:
+      x = args[0]
+      n_in = math.prod(x.shape[x.ndim - num_inputs(path, shapes[path]):])
+      x = x.reshape(-1, n_in).astype(jnp.float32)
+      found[path] = found.get(path, 0.0) + x.T @ x
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(capture):
+    model_lib.apply(cfg, params, tokens_BxT)
+  return found
+
+
+def grams(cfg: model_lib.Config, params, batches, kernels=None) -> dict[str, np.ndarray]:
+  """{kernel path ("block_0/attn/q/kernel"): G} with G = X^T X / tokens, X the inputs the kernel
+  saw over `batches` ([tokens, in] float32, the input axes flattened in order): what
+  xlt.merge.data_aware.regmean takes per expert. kernels: the kernel paths to measure
+  (default: every attn / mlp kernel, as xlt.lora adapts)."""
+  shapes = {path_names(p): tuple(np.shape(x)) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  targets = tuple(sorted((tuple(k), shapes[tuple(k)]) for k in (kernels if kernels is not None
+                                                                else lora.targets(params))))
+  totals, count = {}, 0
+  for tokens in batches:
+    tokens = jnp.asarray(tokens, jnp.int32)
+    for path, g in _batch_grams(cfg, params, targets, tokens).items():
+      totals[path] = totals.get(path, 0.0) + np.asarray(g, np.float64)
+    count += int(tokens.size)
+  if missing := sorted({p for p, _ in targets} - set(totals)):
+    raise ValueError(f"no input reached {path_str(missing[0])} (is it a kernel of the model's forward?)")
+  return {path_str(p): (g / max(count, 1)).astype(np.float32) for p, g in totals.items()}
+
+
+def _sequence_nll(cfg, params, tokens_T):
+  """The mean next-token negative log-likelihood of one sequence."""
+  logits, _ = model_lib.apply(cfg, params, tokens_T[None])
+  logp = jax.nn.log_softmax(logits[0, :-1].astype(jnp.float32))
+  return -jnp.mean(jnp.take_along_axis(logp, tokens_T[1:, None], axis=-1))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _per_sequence_grads(cfg, params, tokens_BxT):
+  return jax.vmap(jax.grad(lambda p, t: _sequence_nll(cfg, p, t)), in_axes=(None, 0))(params, tokens_BxT)
+
+
+def diagonal_fisher(cfg: model_lib.Config, params, batches):
+  """The diagonal empirical Fisher of every parameter: the mean over sequences of the squared
+  gradient of the sequence's mean next-token loss (`params`' structure, float32): what
+  xlt.merge.data_aware.fisher takes per expert."""
+  per_sequence = functools.partial(_per_sequence_grads, cfg)
+  totals, count = None, 0
+  for tokens in batches:
+    tokens = jnp.asarray(tokens, jnp.int32)
+    squared = jax.tree.map(lambda g: np.asarray(jnp.sum(jnp.square(g.astype(jnp.float32)), axis=0), np.float64),
+                           per_sequence(params, tokens))
+    totals = squared if totals is None else jax.tree.map(np.add, totals, squared)
+    count += int(tokens.shape[0])
+  if totals is None:
+    raise ValueError("diagonal_fisher: no batches")
+  return jax.tree.map(lambda t: (t / count).astype(np.float32), totals)
