@@ -18,7 +18,8 @@ merges of `merges`:
 
 Every trained or merged model is a Hugging Face directory runs/ft/models/<name> (transformers
 loads it; the base's tokenizer is copied in); runs/ft/table.md, results.json and summary.json
-hold each model's validation loss on both datasets (and exact match on `eval.prompts`). The
+hold each model's validation loss on both datasets (and exact match on `eval.prompts`, and the
+lm-eval scores of `eval.tasks`: docs/evaluate.md). The
 same command again resumes a killed run, or reuses a finished one. No reference numbers: the
 result depends on your base and data.
 """
@@ -78,6 +79,10 @@ def get_config():
   c.eval.prompts = ()
   c.eval.chat = False
   c.eval.max_new = 64
+  # lm-eval tasks (xlt.eval.scores, in-process; needs the `eval` extra) scored on every model,
+  # e.g. ("xlt_mgsm_direct_de",) with lm_eval.metadata='{"mgsm_dir": "/data/mgsm"}'; () = off
+  c.eval.tasks = ()
+  c.eval.lm_eval = common.lm_eval()
   c.device_memory_gb = 0.0  # > 0: fail before training when the estimate is over it
   c.mesh = common.mesh()
   return c
