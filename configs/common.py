@@ -57,3 +57,11 @@ def lm_eval(**overrides) -> ml_collections.ConfigDict:
 
 def eval_(**overrides) -> ml_collections.ConfigDict:
   return _dict(dict(batch_size=1000), overrides)
+
+
+def eval_with_tasks(**overrides) -> ml_collections.ConfigDict:
+  """`eval_` with `tasks`: lm-eval task names (xlt.eval.scores, in-process; the `eval` extra)
+  scored on every model a kind writes, () = off; `lm_eval`: how they run (`lm_eval`)."""
+  e = eval_(**overrides)
+  e.tasks, e.lm_eval = (), lm_eval()
+  return e

@@ -75,14 +75,12 @@ def get_config():
   # (python -m xlt.merge --list_methods), each "method option=value ..."
   c.merges = ("layer_swap bottom=1 top=1", "ties density=0.5")
   # prompts: jsonl files of {"prompt" or "messages", "answer"}, scored by greedy exact match
-  c.eval = common.eval_(batch_size=16)
+  # eval.tasks: lm-eval tasks (docs/evaluate.md) scored on every model, e.g. ("xlt_mgsm_direct_de",)
+  # with eval.lm_eval.metadata='{"mgsm_dir": "/data/mgsm"}'; () = off
+  c.eval = common.eval_with_tasks(batch_size=16)
   c.eval.prompts = ()
   c.eval.chat = False
   c.eval.max_new = 64
-  # lm-eval tasks (xlt.eval.scores, in-process; needs the `eval` extra) scored on every model,
-  # e.g. ("xlt_mgsm_direct_de",) with lm_eval.metadata='{"mgsm_dir": "/data/mgsm"}'; () = off
-  c.eval.tasks = ()
-  c.eval.lm_eval = common.lm_eval()
   c.device_memory_gb = 0.0  # > 0: fail before training when the estimate is over it
   c.mesh = common.mesh()
   return c
