@@ -104,10 +104,11 @@ def test_eval_tasks_rows_for_every_model(hf_base, finished):
   rows, workdir = finished
   methods = list(dict.fromkeys(r["condition"] for r in rows if r["role"] != "lm_eval"))
   lm = {r["condition"]: r for r in rows if r["role"] == "lm_eval"}
-  assert LM_EVAL_CALLS[0] == ("check", ("fake_task",))
+  assert LM_EVAL_CALLS[0] == ("check", ("fake_task",))  # at config-check time, before anything trains
   assert sorted(lm) == sorted(methods) and all(r["metric"] == "fake_task/acc" for r in lm.values())
-  assert sorted(n for n, *_ in LM_EVAL_CALLS[1:]) == sorted(methods)  # one call per model and seed
-  assert {v for *_, v in LM_EVAL_CALLS[1:]} == {hf_tokenizer.load(hf_base).vocab_size}  # the model's own tokenizer
+  scored = [call for call in LM_EVAL_CALLS if call[0] != "check"]
+  assert sorted(n for n, *_ in scored) == sorted(methods)  # one call per model and seed
+  assert {v for *_, v in scored} == {hf_tokenizer.load(hf_base).vocab_size}  # the model's own tokenizer
   _, base = pretrained.load(hf_base)  # base_fluency False: the base scored is the loaded model
   assert lm["base"]["values"] == [float(np.mean(np.asarray(jax.tree.leaves(base)[0], np.float64)))]
   assert "| base | " in open(workdir / "table.md").read().split("lm-eval (eval.tasks)")[1]

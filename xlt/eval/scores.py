@@ -44,6 +44,11 @@ class Options:
                max_gen_toks=int(e.max_gen_toks), mesh=e.get("mesh") or None)
 
 
+def kind_options(c) -> Options:
+  """The Options of a kind's config: `c.eval.lm_eval` (configs/common.lm_eval), else the defaults."""
+  return Options.from_config(c.eval.lm_eval) if "lm_eval" in c.eval else Options()
+
+
 def available() -> bool:
   return importlib.util.find_spec("lm_eval") is not None
 

@@ -133,11 +133,7 @@ def check(c, num_layers: int):
       merge.swap_plan(num_layers, options["bottom"], options["top"], options.get("lower_transition", 0),
                       options.get("upper_transition", 0))
   finetune_peft.check(c, num_layers, partitions(c))
-  eval_scores.check(c.eval.get("tasks", ()), lm_eval_options(c))
-
-
-def lm_eval_options(c) -> eval_scores.Options:
-  return eval_scores.Options.from_config(c.eval.lm_eval) if "lm_eval" in c.eval else eval_scores.Options()
+  eval_scores.check(c.eval.get("tasks", ()), eval_scores.kind_options(c))
 
 
 # The fields a config may change on a workdir whose recipes it only adds to (`adds_recipes`)
@@ -414,6 +410,8 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
   steps = {n: {"best step": int(b), "stopped at step": int(st)} for t in trained.values()
            for n, b, st in zip(t.stage.info.get("recipes", ()), t.out.get("best_steps", ()), t.out["stopped_at"])}
   dirs, scores, lm_eval_scores = {}, {}, {}
+  tasks, options = list(c.eval.get("tasks", ())), eval_scores.kind_options(c)
+  manager = eval_scores.check(tasks, options)  # the task index, built once (None without tasks)
   for name, params in built.items():
     if name != "base":
       dirs[name] = os.path.join("models", slug(name))
@@ -421,8 +419,8 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
                       card=model_card(c, prep, name, steps))
     device = jax.tree.map(jnp.asarray, params)
     scores[name] = {"val_loss": _val_losses(c, prep, device), "exact_match": _exact_match(c, prep, device)}
-    if tasks := list(c.eval.get("tasks", ())):  # lm-eval's tasks, in-process on the params in memory
-      by_task = eval_scores.score(prep.cfg, device, prep.tok, tasks, lm_eval_options(c), name=name)
+    if tasks:  # lm-eval's tasks, in-process on the params in memory
+      by_task = eval_scores.score(prep.cfg, device, prep.tok, tasks, options, name=name, manager=manager)
       lm_eval_scores[name] = {t: {m: [v] for m, v in ms.items()} for t, ms in by_task.items()}
   rows = []
   for name, s in scores.items():

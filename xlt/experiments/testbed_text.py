@@ -160,7 +160,7 @@ def prepare(c, check, sets: dict[str, list[common.Example]], val_sets: dict, tes
   path = str(c.base_model)
   cfg, hf = _read(path)
   check(cfg.num_layers)
-  eval_scores.check(c.eval.get("tasks", ()), lm_eval_options(c))
+  eval_scores.check(c.eval.get("tasks", ()), eval_scores.kind_options(c))
   tok = TextTokenizer(hf, str(c.get("base_render", "spaced")), f"base_model={path!r}")
   data, length = encode_sets(sets, tok)
   if length - 1 > cfg.block_size:
@@ -199,10 +199,6 @@ def base_stage(c, cfg, loaded, members, val_score, config):
   return kind_lib.Trained(init, out, kind_lib.Stage("base", cfg, members, None, config=config), 0.0)
 
 
-def lm_eval_options(c) -> eval_scores.Options:
-  return eval_scores.Options.from_config(c.eval.lm_eval) if "lm_eval" in c.eval else eval_scores.Options()
-
-
 def lm_eval_rows(c, cfg, tok: TextTokenizer, per_seed: list[dict], seeds: list[int]) -> list[dict]:
   """With `c.eval.tasks`: every model of every seed (`per_seed`: [{model: params}]) scored on
   the lm-eval tasks in-process (xlt.eval.scores), one row per model x task metric over the
@@ -210,11 +206,13 @@ def lm_eval_rows(c, cfg, tok: TextTokenizer, per_seed: list[dict], seeds: list[i
   tasks = list(c.eval.get("tasks", ()))
   if not tasks:
     return []
-  options, scores = lm_eval_options(c), {}
+  options, scores = eval_scores.kind_options(c), {}
+  manager = eval_scores.check(tasks, options)  # the task index, built once
   for i, models in enumerate(per_seed):
     for name, params in models.items():
       print(f"testbed: lm-eval {','.join(tasks)} on {name} (seed {seeds[i]})", flush=True)
-      for task, metrics in eval_scores.score(cfg, params, tok.hf, tasks, options, name=name).items():
+      for task, metrics in eval_scores.score(cfg, params, tok.hf, tasks, options, name=name,
+                                                     manager=manager).items():
         for metric, value in metrics.items():
           scores.setdefault(name, {}).setdefault(task, {}).setdefault(metric, [None] * len(per_seed))[i] = value
   out = eval_scores.rows(scores, results_lib.make_row, experiment=c.name, task=c.task, seeds_used=seeds)
