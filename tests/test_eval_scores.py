@@ -72,5 +72,5 @@ def test_scores_in_memory_equal_hf_backend():
   assert got["xlt_words_mc"] == {"acc": want["xlt_words_mc"]["acc,none"],
                                  "acc_norm": want["xlt_words_mc"]["acc_norm,none"]}
   assert got["xlt_words_gen"] == {"exact_match/first_word": want["xlt_words_gen"]["exact_match,first_word"]}
-  with pytest.raises(ValueError, match="unknown lm-eval task 'no_such_task_43'"):
+  with pytest.raises(ValueError, match="unknown task 'no_such_task_43'"):
     scores.check(["no_such_task_43"], options)

@@ -72,7 +72,7 @@ def check(tasks, options: Options = Options(), where: str = "eval.tasks", manage
     raise ValueError(f"{where}: include_path {options.include_path!r} is not a folder")
   manager = manager or task_manager(options.include_path, options.metadata)
   if unknown := [t for t in tasks if t not in manager.all_tasks]:
-    raise ValueError(f"{where}: unknown lm-eval task {unknown[0]!r} (lm-eval's, xlt/eval/tasks' and the "
+    raise ValueError(f"{where}: unknown task {unknown[0]!r} (lm-eval's, xlt/eval/tasks' and the "
                      "include_path's are known)")
   return manager
 
