@@ -334,6 +334,25 @@ def test_eval_tasks_live(finished, tmp_path):
   assert row["values"] == [want["xlt_words_mc"]["acc_norm,none"]]
 
 
+def test_merge_search_on_the_run_s_experts(finished, tmp_path):
+  """xlt.merge_search on the models the run wrote: TIES over its two experts and the base,
+  picked on half of the run's prompt file, reported on the other half."""
+  from xlt import merge_search
+
+  c, workdir, _, _ = finished
+  experts = [os.path.join(workdir, "models", finetune.slug(n)) for n in ("task expert", "language expert")]
+  out = tmp_path / "search"
+  argv = ["--method=ties", f"--input=base={c.base}", f"--input=experts={','.join(experts)}",
+          "--space=density=float:0.2:0.9", f"--prompts={c.eval.prompts[0]}", "--max_new=2", "--batch=8",
+          "--trials=2", "--sampler=random", "--bootstrap=100", f"--output={out}"]
+  with contextlib.redirect_stdout(io.StringIO()):
+    assert merge_search.main(argv) == 0
+  report = json.load(open(out / "report.json"))
+  assert report["trials"] == 2 and report["held_out"]["n"] == 2
+  assert set(report["inputs_held_out"]) == {c.base, *experts}
+  assert os.path.isfile(out / "best" / "model.safetensors")
+
+
 def test_generate_agrees_with_the_table(finished, tmp_path):
   """`python -m xlt.generate --answers --match=exact` on a model and prompt file of the table
   gives the table's exact match."""

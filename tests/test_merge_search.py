@@ -74,7 +74,9 @@ def test_search_reports_the_best_trial_on_the_held_out_split(models, tmp_path):
   recorded = json.load(open(out / "search.json"))
   val, held = recorded["val_items"], recorded["held_out_items"]
   assert not set(val) & set(held) and sorted(val + held, key=int) == [str(i) for i in range(8)]
-  assert Recording.calls == [val] * 3 + [held]
+  assert Recording.calls == [val] * 3 + [held] * 3  # the trials, then the best merge and the two inputs
+  assert {r["role"] for r in report["inputs_held_out"].values()} == {"base", "other"}
+  assert report["inputs_held_out"][models[1]]["mean"] == 1.0  # the expert gives the answers it gave
 
   # the held-out score is the best model's, as written, with its bootstrap interval
   cfg, params = pretrained.load(str(out / "best"))
@@ -106,7 +108,7 @@ def test_a_killed_search_resumes_to_the_same_trials(models, tmp_path, monkeypatc
   monkeypatch.setattr(merge_search, "_write_trials", write)
   Recording.calls = []
   merge_search.search(merge_search.parse(_argv(models, killed, sampler, 4)), Recording)
-  assert len(Recording.calls) == 2 + 1  # trials 2 and 3, then the held-out report
+  assert len(Recording.calls) == 2 + 3  # trials 2 and 3, then the held-out report (the best merge, two inputs)
   assert open(killed / "trials.jsonl").read() == want
   assert json.load(open(killed / "report.json")) == json.load(open(whole / "report.json"))
 
@@ -155,5 +157,5 @@ def test_lm_eval_tasks_as_the_objective(models, tmp_path):
   recorded = json.load(open(out / "search.json"))
   val, held = recorded["val_items"], recorded["held_out_items"]
   assert sorted(val + held) == sorted(f"xlt_words_mc/{k}" for k in range(10))
-  assert Tasks.calls == [val, val, held]
+  assert Tasks.calls == [val, val, held, held, held]
   assert 0 <= report["held_out"]["mean"] <= 1 and report["held_out"]["n"] == len(held)

@@ -1,6 +1,7 @@
 r"""A search over a merge method's options, as mergekit-evolve does: each trial merges the input
 models in memory with options a sampler picks, scores the merge on a validation split, and the
-best trial is scored once on the held-out split, with a bootstrap interval over its items:
+best trial and each input model are scored once on the held-out split, with bootstrap
+intervals over its items:
 
   python -m xlt.merge_search --method=ties --input=base=B --input=experts=A,C \
       --space=density=float:0.1:0.9 --space=lambda_=float:0.5:1.5 [--option=k=v ...] \
@@ -19,7 +20,7 @@ method (python -m xlt.merge --list_methods); --option fixes one.
 
 Written to --output: search.json (the search's arguments and split), trials.jsonl (one line
 per finished trial, the whole file replaced atomically after each), report.json (the best
-trial, its validation score and its held-out score with the interval) and best/ (the best
+trial, its validation score, its and each input's held-out score with the interval) and best/ (the best
 merge as a Hugging Face model directory). Killed and started again with the same command,
 the search resumes after its last finished trial and ends with the same trials: each trial's
 options depend only on the seed, its number and the trials before it (the random sampler
@@ -270,16 +271,23 @@ def search(args, objective_cls=None) -> dict:
     trials.append({"number": number, "params": params, "value": value, "val_items": len(val)})
     _write_trials(args.output, trials)
     print(f"xlt.merge_search: trial {number}: {params} -> validation {value:.4f}", flush=True)
-  return _report(args, cfg, trees, fixed, trials, objective, held_out, source)
+  return _report(args, cfg, trees, paths, fixed, trials, objective, held_out, source)
 
 
-def _report(args, cfg, trees, fixed, trials, objective, held_out, source) -> dict:
+def _report(args, cfg, trees, paths, fixed, trials, objective, held_out, source) -> dict:
+  """The best trial (the highest validation mean, the earliest on a tie) and every input
+  model scored on the held-out items, each with its bootstrap interval; best/ written."""
   best = max(trials[:args.trials], key=lambda t: (t["value"], -t["number"]))
   merged = _merge(args.method, trees, {**fixed, **best["params"]})
   scored = bootstrap(objective(cfg, merged, held_out), args.bootstrap, args.split_seed)
+  inputs = {}  # what the merge is for: does it beat the models it merges?
+  for role, tree in trees.items():
+    for path, params in zip(paths[role] if isinstance(tree, list) else [paths[role]],
+                            tree if isinstance(tree, list) else [tree]):
+      inputs[path] = {"role": role, **bootstrap(objective(cfg, params, held_out), args.bootstrap, args.split_seed)}
   report = {"method": args.method, "fixed_options": fixed, "trials": len(trials[:args.trials]),
             "best": {"number": best["number"], "params": best["params"], "validation": best["value"]},
-            "held_out": scored, "model": "best"}
+            "held_out": scored, "inputs_held_out": inputs, "model": "best"}
   pretrained.save(cfg, merged, os.path.join(args.output, "best"), source_dir=source,
                   card={"title": f"the best {args.method} merge of an xlt.merge_search", "method": args.method,
                         "options": {**fixed, **best["params"]}, "made by": "xlt.merge_search"})
