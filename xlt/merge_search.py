@@ -260,8 +260,8 @@ def search(args, objective_cls=None) -> dict:
   objective = (objective_cls or (TaskObjective if args.tasks else PromptObjective))(args, tok)
   val, held_out = split(objective.items, args.val_fraction, args.split_seed)
   record = {k: v for k, v in vars(args).items() if k not in ("trials", "traceback")}
+  cfg, trees = _load(paths)  # (before the claim: inputs that fail to load leave no search behind)
   _claim(args.output, {**record, "val_items": val, "held_out_items": held_out})
-  cfg, trees = _load(paths)
   trials = _journal(args.output)
   for number in range(len(trials), args.trials):
     params = (sample_random(space, args.seed, number) if args.sampler == "random" else
