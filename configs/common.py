@@ -48,5 +48,20 @@ def mesh(**overrides) -> ml_collections.ConfigDict:
   return _dict(dict(data=-1, fsdp=1, tensor=1, devices=-1), overrides)
 
 
+def lm_eval(**overrides) -> ml_collections.ConfigDict:
+  """How `eval.tasks` (lm-eval task names, xlt.eval.scores) run: num_fewshot < 0 and limit 0 keep
+  the task's own; metadata is JSON passed to the task configs (e.g. {"mgsm_dir": ...})."""
+  return _dict(dict(batch_size=16, num_fewshot=-1, limit=0.0, include_path="", metadata="", max_gen_toks=256),
+               overrides)
+
+
 def eval_(**overrides) -> ml_collections.ConfigDict:
   return _dict(dict(batch_size=1000), overrides)
+
+
+def eval_with_tasks(**overrides) -> ml_collections.ConfigDict:
+  """`eval_` with `tasks`: lm-eval task names (xlt.eval.scores, in-process; the `eval` extra)
+  scored on every model a kind writes, () = off; `lm_eval`: how they run (`lm_eval`)."""
+  e = eval_(**overrides)
+  e.tasks, e.lm_eval = (), lm_eval()
+  return e

@@ -18,7 +18,8 @@ merges of `merges`:
 
 Every trained or merged model is a Hugging Face directory runs/ft/models/<name> (transformers
 loads it; the base's tokenizer is copied in); runs/ft/table.md, results.json and summary.json
-hold each model's validation loss on both datasets (and exact match on `eval.prompts`). The
+hold each model's validation loss on both datasets (and exact match on `eval.prompts`, and the
+lm-eval scores of `eval.tasks`: docs/evaluate.md). The
 same command again resumes a killed run, or reuses a finished one. No reference numbers: the
 result depends on your base and data.
 """
@@ -74,7 +75,9 @@ def get_config():
   # (python -m xlt.merge --list_methods), each "method option=value ..."
   c.merges = ("layer_swap bottom=1 top=1", "ties density=0.5")
   # prompts: jsonl files of {"prompt" or "messages", "answer"}, scored by greedy exact match
-  c.eval = common.eval_(batch_size=16)
+  # eval.tasks: lm-eval tasks (docs/evaluate.md) scored on every model, e.g. ("xlt_mgsm_direct_de",)
+  # with eval.lm_eval.metadata='{"mgsm_dir": "/data/mgsm"}'; () = off
+  c.eval = common.eval_with_tasks(batch_size=16)
   c.eval.prompts = ()
   c.eval.chat = False
   c.eval.max_new = 64

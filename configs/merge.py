@@ -110,6 +110,6 @@ def get_config():
   c.maet_neurons.short = ml_collections.ConfigDict()
   c.maet_neurons.short.train = common.train(batch_size=32, steps=100, eval_every=100, checkpoint_every=100)
   c.maet_neurons.short.opt = common.opt(c.maet_neurons.short.train, peak_lr=3e-4, warmup_steps=10)
-  c.eval = common.eval_(batch_size=512)
+  c.eval = common.eval_with_tasks(batch_size=512)  # eval.tasks (with base_model): lm-eval on every model
   c.mesh = common.mesh()
   return c

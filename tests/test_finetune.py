@@ -13,6 +13,7 @@ import pytest
 
 from configs import finetune as finetune_config
 from xlt import model, partition, pretrained, runner
+from xlt.eval import scores as eval_scores
 from xlt.experiments import finetune
 from xlt.paths import path_names
 
@@ -264,6 +265,92 @@ def test_a_config_adding_a_merge_keeps_the_finished_stages(finished, tmp_path, c
   assert {r["condition"] for r in got} == {r["condition"] for r in rows} | {"ties density=0.5"}
   assert [r for r in got if r["condition"] == "task expert"] == [r for r in rows if r["condition"] == "task expert"]
   assert runner.run(more, copy, progress=False) == got  # and the workdir is finished again
+
+
+def _fake_lm_eval(calls):
+  """A scorer standing in for lm-eval (xlt.eval.scores.score): a number of the model's own
+  parameters (the mean of its first leaf), so each row can be traced to its model."""
+  def score(cfg, params, tok, tasks, options, name="model", manager=None):
+    calls.append((name, tuple(tasks), options.num_fewshot))
+    first = float(np.mean(np.asarray(jax.tree.leaves(params)[0], np.float64)))
+    return {t: {"acc": first, "exact_match/strict": 0.5} for t in tasks}
+  return score
+
+
+def test_eval_tasks_score_every_model_into_the_rows(finished, tmp_path, monkeypatch, capsys):
+  """`eval.tasks` added to a finished run: no step trains again, every model (the base too) is
+  scored by the lm-eval scorer on the parameters it wrote, a row per model x task metric."""
+  c, workdir, rows, _ = finished
+  copy = str(tmp_path / "run")
+  shutil.copytree(workdir, copy)
+  calls, checked = [], []
+  monkeypatch.setattr(eval_scores, "check", lambda tasks, options, **_: checked.append(list(tasks)))
+  monkeypatch.setattr(eval_scores, "score", _fake_lm_eval(calls))
+  more = _config_like(c)
+  more.eval.tasks, more.eval.lm_eval.num_fewshot = ("fake_a", "fake_b"), 2
+  metrics = os.path.join(copy, "finetune", "metrics.jsonl")
+  before = open(metrics).read()
+  got = runner.run(more, copy, progress=False)
+  assert "the finished stages are kept" in capsys.readouterr().out and open(metrics).read() == before
+  assert checked and checked[0] == ["fake_a", "fake_b"]
+  assert sorted(n for n, _, _ in calls) == sorted(["base", *NAMES]) and {k for _, _, k in calls} == {2}
+  assert [r for r in got if r["role"] != "lm_eval"] == rows  # the kind's own rows as they were
+  lm = {(r["condition"], r["metric"]): r for r in got if r["role"] == "lm_eval"}
+  assert set(lm) == {(n, f"{t}/{m}") for n in ["base", *NAMES] for t in ("fake_a", "fake_b")
+                     for m in ("acc", "exact_match/strict")}
+  for name in NAMES:  # each row is its model's: the directory written holds those parameters
+    _, params = pretrained.load(os.path.join(copy, "models", finetune.slug(name)))
+    want = float(np.mean(np.asarray(jax.tree.leaves(params)[0], np.float64)))
+    assert lm[(name, "fake_b/acc")]["values"] == [want] and lm[(name, "fake_b/acc")]["lm_eval_task"] == "fake_b"
+  assert "| model | fake_a/acc |" in open(os.path.join(copy, "table.md")).read()
+
+
+def test_eval_tasks_without_lm_eval_fail_before_training(tiny, tmp_path, monkeypatch):
+  monkeypatch.setattr(eval_scores, "available", lambda: False)
+  tiny.eval.tasks = ("arc_easy",)
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=r"eval.tasks=\['arc_easy'\] needs lm-eval"):
+    runner.run(tiny, str(workdir), progress=False)
+  assert not workdir.exists()
+
+
+@pytest.mark.skipif(not eval_scores.available(), reason="lm-eval is not installed")
+def test_eval_tasks_live(finished, tmp_path):
+  """Live: lm-eval's local task scored in-process on every model, equal to `python -m xlt.eval`
+  on the directory the run wrote."""
+  from xlt.eval import __main__ as cli
+
+  c, workdir, _, _ = finished
+  copy = str(tmp_path / "run")
+  shutil.copytree(workdir, copy)
+  more = _config_like(c)
+  tasks = os.path.join(os.path.dirname(__file__), "fixtures", "lm_eval_tasks")
+  more.eval.tasks, more.eval.lm_eval.include_path, more.eval.lm_eval.batch_size = ("xlt_words_mc",), tasks, 4
+  with contextlib.redirect_stdout(io.StringIO()):
+    got = runner.run(more, copy, progress=False)
+    d = os.path.join(copy, "models", finetune.slug("task expert"))
+    want = cli.run([f"--model={d}", "--tasks=xlt_words_mc", f"--include_path={tasks}", "--batch=4"])["results"]
+  row = next(r for r in got if r["condition"] == "task expert" and r["metric"] == "xlt_words_mc/acc_norm")
+  assert row["values"] == [want["xlt_words_mc"]["acc_norm,none"]]
+
+
+def test_merge_search_on_the_run_s_experts(finished, tmp_path):
+  """xlt.merge_search on the models the run wrote: TIES over its two experts and the base,
+  picked on half of the run's prompt file, reported on the other half."""
+  from xlt import merge_search
+
+  c, workdir, _, _ = finished
+  experts = [os.path.join(workdir, "models", finetune.slug(n)) for n in ("task expert", "language expert")]
+  out = tmp_path / "search"
+  argv = ["--method=ties", f"--input=base={c.base}", f"--input=experts={','.join(experts)}",
+          "--space=density=float:0.2:0.9", f"--prompts={c.eval.prompts[0]}", "--max_new=2", "--batch=8",
+          "--trials=2", "--sampler=random", "--bootstrap=100", f"--output={out}"]
+  with contextlib.redirect_stdout(io.StringIO()):
+    assert merge_search.main(argv) == 0
+  report = json.load(open(out / "report.json"))
+  assert report["trials"] == 2 and report["held_out"]["n"] == 2
+  assert set(report["inputs_held_out"]) == {c.base, *experts}
+  assert os.path.isfile(out / "best" / "model.safetensors")
 
 
 def test_generate_agrees_with_the_table(finished, tmp_path):

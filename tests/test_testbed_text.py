@@ -16,6 +16,7 @@ from configs import llama_base
 from configs import merge as merge_config
 from xlt import generate, hf_tokenizer, model, pretrained, runner
 from xlt.data import arithmetic
+from xlt.eval import scores as eval_scores
 from xlt.experiments import pretrain_hf, testbed_text
 
 
@@ -77,12 +78,47 @@ def test_text_tokenizer_encodes_as_sft_does(hf_base):
   assert tok.decode(answer + [hf.eos_id, answer[0]]) == list(ex.answer)
 
 
+LM_EVAL_CALLS = []
+
+
+def _fake_lm_eval(cfg, params, tok, tasks, options, name="model", manager=None):
+  """Stands in for lm-eval (xlt.eval.scores.score): a number of the model's own parameters."""
+  LM_EVAL_CALLS.append((name, tuple(tasks), tok.vocab_size))
+  return {t: {"acc": float(np.mean(np.asarray(jax.tree.leaves(params)[0], np.float64)))} for t in tasks}
+
+
 @pytest.fixture(scope="module")
 def finished(hf_base, text_config, tmp_path_factory):
+  """The run, with `eval.tasks` scored by a fake lm-eval scorer (no lm-eval needed)."""
   workdir = tmp_path_factory.mktemp("testbed_hf")
-  with contextlib.redirect_stdout(io.StringIO()):
-    rows = runner.run(text_config(hf_base), str(workdir), progress=False)
+  c = text_config(hf_base)
+  c.eval.tasks = ("fake_task",)
+  with contextlib.redirect_stdout(io.StringIO()), pytest.MonkeyPatch.context() as patch:
+    patch.setattr(eval_scores, "check", lambda tasks, options, **_: LM_EVAL_CALLS.append(("check", tuple(tasks))))
+    patch.setattr(eval_scores, "score", _fake_lm_eval)
+    rows = runner.run(c, str(workdir), progress=False)
   return rows, workdir
+
+
+def test_eval_tasks_rows_for_every_model(hf_base, finished):
+  rows, workdir = finished
+  methods = list(dict.fromkeys(r["condition"] for r in rows if r["role"] != "lm_eval"))
+  lm = {r["condition"]: r for r in rows if r["role"] == "lm_eval"}
+  assert LM_EVAL_CALLS[0] == ("check", ("fake_task",))  # at config-check time, before anything trains
+  assert sorted(lm) == sorted(methods) and all(r["metric"] == "fake_task/acc" for r in lm.values())
+  scored = [call for call in LM_EVAL_CALLS if call[0] != "check"]
+  assert sorted(n for n, *_ in scored) == sorted(methods)  # one call per model and seed
+  assert {v for *_, v in scored} == {hf_tokenizer.load(hf_base).vocab_size}  # the model's own tokenizer
+  _, base = pretrained.load(hf_base)  # base_fluency False: the base scored is the loaded model
+  assert lm["base"]["values"] == [float(np.mean(np.asarray(jax.tree.leaves(base)[0], np.float64)))]
+  assert "| base | " in open(workdir / "table.md").read().split("lm-eval (eval.tasks)")[1]
+
+
+def test_eval_tasks_need_a_text_model(shrink_testbed, tmp_path):
+  c = shrink_testbed(merge_config.get_config(), examples=20, tests=8, steps=4)
+  c.eval.tasks = ("arc_easy",)
+  with pytest.raises(ValueError, match="lm-eval scores text models; set base_model"):
+    runner.run(c, str(tmp_path / "run"), progress=False)
 
 
 def test_testbed_runs_from_a_hugging_face_base(hf_base, finished):

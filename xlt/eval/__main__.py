@@ -19,9 +19,6 @@ import sys
 
 from xlt.io import fileio
 
-TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
-
-
 class UserError(ValueError):
   """A bad command line or input: one line, exit status 2."""
 
@@ -54,19 +51,20 @@ def evaluate(model_dir: str, tasks: list[str], *, batch: int = 16, mesh: str | N
              apply_chat_template: bool = False, max_gen_toks: int = 256, metadata: dict | None = None) -> dict:
   """lm-eval's results dict ({"results": {task: {metric: value}}, ...}) of `tasks` on the model
   directory `model_dir`, run by xlt's backend."""
-  try:
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-  except ImportError:
-    raise UserError("lm-eval is not installed (pip install 'xlt[eval]')") from None
+  from xlt.eval import scores
+
+  if not scores.available():
+    raise UserError("lm-eval is not installed (pip install 'xlt[eval]')")
   from xlt.eval import harness
 
-  paths = [TASKS_DIR] + ([include_path] if include_path else [])
-  manager = TaskManager(include_path=paths, metadata=metadata)
-  unknown = [t for t in tasks if t not in manager.all_tasks]
-  if unknown:
-    raise UserError(f"unknown task {unknown[0]!r} (lm-eval's, xlt/eval/tasks' and --include_path's are known)")
+  options = scores.Options(num_fewshot=num_fewshot, limit=limit, include_path=include_path, metadata=metadata)
+  try:
+    manager = scores.check(tasks, options, where="--tasks")
+  except ValueError as e:
+    raise UserError(str(e)) from None
   lm = harness.XltLM(pretrained=model_dir, dtype=dtype, batch_size=batch, mesh=mesh, max_gen_toks=max_gen_toks)
+  import lm_eval
+
   return lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit, task_manager=manager,
                                  apply_chat_template=apply_chat_template, log_samples=False)
 

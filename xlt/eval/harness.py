@@ -18,6 +18,8 @@ max_gen_toks (default 256, as hf's), chat_template (a named template of the toke
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
@@ -48,10 +50,27 @@ class XltLM(TemplateLM):
     mesh = decode.make_mesh(str(mesh).replace(";", ",") if mesh else None)
     cfg, params = pretrained_lib.load(str(pretrained), mesh=mesh, dtype=dtype)
     batch = 16 if str(batch_size).startswith("auto") else int(batch_size)
-    self._tok = hf_tokenizer.load(str(pretrained), chat_template)
+    self._setup(cfg, params, hf_tokenizer.load(str(pretrained), chat_template), mesh, batch, max_length,
+                max_gen_toks, str(pretrained))
+
+  def _setup(self, cfg, params, tok, mesh, batch, max_length, max_gen_toks, name):
+    self._tok = tok
     self._model = requests_lib.Model(cfg, params, self._tok, mesh, batch, int(max_length) if max_length else None)
     self._max_gen_toks = int(max_gen_toks)
-    self._name = str(pretrained)
+    self._name = name
+
+  @classmethod
+  def from_params(cls, cfg, params, tok, batch_size: int = 16, mesh: str | None = None, max_length: int | None = None,
+                  max_gen_toks: int = 256, name: str = "model") -> XltLM:
+    """The model class over parameters in memory (no ensemble axis; host or device arrays,
+    laid out on `mesh` as training lays them out) and their xlt.hf_tokenizer `tok`: how the
+    kinds score the models they write, and xlt.merge_search its candidates."""
+    lm = cls.__new__(cls)
+    TemplateLM.__init__(lm)
+    mesh = decode.make_mesh(str(mesh).replace(";", ",") if mesh else None)
+    params = decode.place(cfg, jax.tree.map(jnp.asarray, params), mesh)
+    lm._setup(cfg, params, tok, mesh, int(batch_size), max_length, max_gen_toks, name)
+    return lm
 
   # ------------------------------------------------------------------ what lm-eval reads
 

@@ -21,7 +21,8 @@ files (xlt.data.sft), then composed and merged as the papers do (configs/finetun
                each merge of `c.merges` ("method option=value ...", any method of
                xlt.merge.registry over the experts and the base); every model written as a
                Hugging Face directory (workdir/models/<name>) and scored: its validation loss
-               on each dataset and, with `c.eval.prompts`, greedy exact match.
+               on each dataset, with `c.eval.prompts` greedy exact match, and with
+               `c.eval.tasks` the lm-eval tasks' scores (xlt.eval.scores, in-process).
 
 As a kind of xlt.runner, a killed run started again with the same command resumes, and a
 finished workdir is reused.
@@ -46,6 +47,7 @@ from xlt import model as model_lib
 from xlt import results as results_lib
 from xlt import train as train_lib
 from xlt.data import sft
+from xlt.eval import scores as eval_scores
 from xlt.experiments import common as kind_lib
 from xlt.experiments import finetune_peft, testbed_peft, testbed_plan
 from xlt.experiments.testbed_plan import ALL, Recipe
@@ -131,17 +133,19 @@ def check(c, num_layers: int):
       merge.swap_plan(num_layers, options["bottom"], options["top"], options.get("lower_transition", 0),
                       options.get("upper_transition", 0))
   finetune_peft.check(c, num_layers, partitions(c))
+  eval_scores.check(c.eval.get("tasks", ()), eval_scores.kind_options(c))
 
 
 # The fields a config may change on a workdir whose recipes it only adds to (`adds_recipes`)
-_ADDING_FIELDS = ("merges", "simultaneous.", "lora.", "neurons.")
+_ADDING_FIELDS = ("merges", "simultaneous.", "lora.", "neurons.", "eval.tasks", "eval.lm_eval.")
 
 
 def adds_recipes(recorded: dict, c, changes: dict) -> bool:
   """Whether `c` only adds recipes to the run whose config.json is `recorded` (xlt.runner keeps
   its finished stages and trains the new ones): every changed field is a merge, a
   simultaneous alternation trained alone (`together` False: a stage each), the LoRA recipes
-  where the run had none, or the trained neurons where it had none; every recorded recipe
+  where the run had none, the trained neurons where it had none, or the lm-eval tasks
+  scored on every model (`eval.tasks`, outputs only); every recorded recipe
   and merge is still planned; and no stage that trained changes (the weight ensemble of
   `together`, the LoRA stage, the neuron stages)."""
   old = ml_collections.ConfigDict(recorded)
@@ -405,7 +409,9 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
   built = {"base": prep.base, **models(c, prep, trained)}
   steps = {n: {"best step": int(b), "stopped at step": int(st)} for t in trained.values()
            for n, b, st in zip(t.stage.info.get("recipes", ()), t.out.get("best_steps", ()), t.out["stopped_at"])}
-  dirs, scores = {}, {}
+  dirs, scores, lm_eval_scores = {}, {}, {}
+  tasks, options = list(c.eval.get("tasks", ())), eval_scores.kind_options(c)
+  manager = eval_scores.check(tasks, options)  # the task index, built once (None without tasks)
   for name, params in built.items():
     if name != "base":
       dirs[name] = os.path.join("models", slug(name))
@@ -413,18 +419,22 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
                       card=model_card(c, prep, name, steps))
     device = jax.tree.map(jnp.asarray, params)
     scores[name] = {"val_loss": _val_losses(c, prep, device), "exact_match": _exact_match(c, prep, device)}
+    if tasks:  # lm-eval's tasks, in-process on the params in memory
+      by_task = eval_scores.score(prep.cfg, device, prep.tok, tasks, options, name=name, manager=manager)
+      lm_eval_scores[name] = {t: {m: [v] for m, v in ms.items()} for t, ms in by_task.items()}
   rows = []
   for name, s in scores.items():
     for metric, values in s.items():
       for role, value in values.items():
         rows.append(results_lib.make_row(experiment=c.name, task=c.task, language=role, role=role, condition=name,
                                          metric=metric, values=[value], samples=None))
+  rows += eval_scores.rows(lm_eval_scores, results_lib.make_row, experiment=c.name, task=c.task)
   summary = {"base": c.base, "models": dirs, "data": {k: d.counts for k, d in prep.data.items()},
              "memory_per_model": {k: prep.estimate[k] for k in (*memory.PARTS, "total")},
              "partition_summary": {p: partition.summary(t, prep.base) for p, t in prep.labels.items()},
              "best_steps": {n: s for t in trained.values()
                             for n, s in zip(t.stage.info.get("recipes", ()), t.out.get("best_steps", ()))}}
-  return rows, _table(c, scores, dirs), summary
+  return rows, _table(c, scores, dirs) + eval_scores.table(rows), summary
 
 
 def model_card(c, prep: Prep, name: str, steps: dict) -> dict:

@@ -47,6 +47,7 @@ from xlt import model as model_lib
 from xlt import partition
 from xlt import results as results_lib
 from xlt.data import arithmetic, common
+from xlt.eval import scores as eval_scores
 from xlt.experiments import common as kind_lib
 from xlt.experiments import testbed_peft, testbed_plan, testbed_report, testbed_text
 from xlt.experiments.testbed_plan import ALL, Recipe
@@ -252,6 +253,8 @@ def prepare(c, workdir: str) -> Prep:
                                                    *arithmetic.eval_sets([n for r in sets.values() for n in r],
                                                                          c.arithmetic))
     return Prep(seeds, sets, recipes, cfg, task, data, loaded)
+  if c.eval.get("tasks"):
+    raise ValueError(f"eval.tasks={list(c.eval.tasks)}: lm-eval scores text models; set base_model (testbed_text)")
   tok = common.WordTokenizer(arithmetic.symbols())
   seq_len = arithmetic.max_length(c.arithmetic.max_digits)
   cfg = model_lib.config_from(c.model.to_dict(), tok.vocab_size)
@@ -355,6 +358,9 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
   rows = testbed_report.rows(c, model_names, scores, prep.sets, seeds, {r.name: r.trained_on for r in prep.recipes})
   heatmaps = _heatmaps(c, workdir, base, tuned, prep.of("full"), seeds)
   table = testbed_report.table(c, rows, model_names, prep.sets)
+  if prep.loaded is not None:  # a text model: lm-eval's tasks too (c.eval.tasks)
+    lm_eval_rows = testbed_text.lm_eval_rows(c, prep.cfg, prep.task.tokenizer, per_seed, seeds)
+    rows, table = rows + lm_eval_rows, table + eval_scores.table(lm_eval_rows)
   return rows, table, _summary(c, trained, heatmaps, len(model_names), time.time() - t)
 
 

@@ -18,7 +18,9 @@ data (the recipes, compositions, merges and reports) is the testbed's own, uncha
             symbols (`parse`), so xlt.evaluate's ensemble greedy decoding (the greedy_decode
             xlt.generate runs, stopped at EOS) and arithmetic.score work unchanged;
   base      `base_stage`: with `c.base_fluency` (default) a short fine-tune of the loaded
-            model on c.data.base, else the loaded model itself, copied per seed.
+            model on c.data.base, else the loaded model itself, copied per seed;
+  lm-eval   with `c.eval.tasks`, every model of every seed scored on those lm-eval tasks too
+            (`lm_eval_rows`, xlt.eval.scores in-process): rows beside the testbed's.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ import os
 import jax
 import numpy as np
 
-from xlt import hf_tokenizer, pretrained
+from xlt import hf_tokenizer, pretrained, stats
+from xlt import results as results_lib
 from xlt.data import arithmetic, common, sft
+from xlt.eval import scores as eval_scores
 from xlt.experiments import common as kind_lib
 from xlt.experiments import pretrain_hf
 
@@ -156,6 +160,7 @@ def prepare(c, check, sets: dict[str, list[common.Example]], val_sets: dict, tes
   path = str(c.base_model)
   cfg, hf = _read(path)
   check(cfg.num_layers)
+  eval_scores.check(c.eval.get("tasks", ()), eval_scores.kind_options(c))
   tok = TextTokenizer(hf, str(c.get("base_render", "spaced")), f"base_model={path!r}")
   data, length = encode_sets(sets, tok)
   if length - 1 > cfg.block_size:
@@ -192,3 +197,25 @@ def base_stage(c, cfg, loaded, members, val_score, config):
   out = {"step": 0, "best_steps": [0] * n, "best_val": [None] * n, "stopped_at": [0] * n,
          "history": [[] for _ in range(n)], "finished": True, "tokens_per_s": float("nan")}
   return kind_lib.Trained(init, out, kind_lib.Stage("base", cfg, members, None, config=config), 0.0)
+
+
+def lm_eval_rows(c, cfg, tok: TextTokenizer, per_seed: list[dict], seeds: list[int]) -> list[dict]:
+  """With `c.eval.tasks`: every model of every seed (`per_seed`: [{model: params}]) scored on
+  the lm-eval tasks in-process (xlt.eval.scores), one row per model x task metric over the
+  seeds (values per seed, a 95% interval as the testbed's rows have); [] without tasks."""
+  tasks = list(c.eval.get("tasks", ()))
+  if not tasks:
+    return []
+  options, scores = eval_scores.kind_options(c), {}
+  manager = eval_scores.check(tasks, options)  # the task index, built once
+  for i, models in enumerate(per_seed):
+    for name, params in models.items():
+      print(f"testbed: lm-eval {','.join(tasks)} on {name} (seed {seeds[i]})", flush=True)
+      for task, metrics in eval_scores.score(cfg, params, tok.hf, tasks, options, name=name,
+                                                     manager=manager).items():
+        for metric, value in metrics.items():
+          scores.setdefault(name, {}).setdefault(task, {}).setdefault(metric, [None] * len(per_seed))[i] = value
+  out = eval_scores.rows(scores, results_lib.make_row, experiment=c.name, task=c.task, seeds_used=seeds)
+  for row in out:
+    row["ci95"] = stats.interval(row["values"])["half"]
+  return out
