@@ -35,6 +35,7 @@ import json
 import math
 import os
 import sys
+import time
 
 import flax.linen as nn
 import jax
@@ -348,11 +349,16 @@ def main(argv=None) -> int:
   p.add_argument("--png", default="", help="figure (default <workdir>/structure_<stage>.png)")
   a = p.parse_args(argv)
   stage = a.stage or ("finetune" if os.path.isdir(os.path.join(a.workdir, "finetune")) else "finetune_r0")
+  start = time.time()
   try:
     result = measure(a.workdir, stage, a.problems, a.seeds)
   except (ValueError, OSError) as e:
     print(f"xlt.structure: {e}", file=sys.stderr)
     return 2
+  from xlt import report  # the commit and machine every results file records
+
+  result.update(command=" ".join(["python -m xlt.structure"] + list(argv if argv is not None else sys.argv[1:])),
+                commit=report.git_commit(), machine=report.machine(), wall_s=round(time.time() - start, 1))
   out = a.out or os.path.join(a.workdir, f"structure_{stage}.json")
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   results_lib.atomic_write(out, json.dumps(result, indent=1))
