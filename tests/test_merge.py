@@ -265,6 +265,21 @@ def test_ties_trim_elect_disjoint_mean():
     merge.ties(base, experts, density=0.0)
 
 
+def test_magmax_keeps_each_entrys_largest_change_whole():
+  base = {"w": np.full(5, 10.0, np.float32), "b": np.zeros(2, np.float32)}
+  deltas = [[3, -1, 2, 0.5, -4],
+            [2, 1, -5, 4, 0.1],
+            [-1, 6, 1.5, -3, 4]]  # the last entry: |-4| = |4|, the first expert's wins
+  experts = [{"w": base["w"] + np.asarray(d, np.float32), "b": np.array([i, -i], np.float32)}
+             for i, d in enumerate(deltas)]
+  out = merge.magmax(base, experts)
+  np.testing.assert_array_equal(out["w"], [13.0, 16.0, 5.0, 14.0, 6.0])
+  np.testing.assert_array_equal(out["b"], [2.0, -2.0])
+  np.testing.assert_array_equal(merge.magmax(base, experts, scale=0.5)["w"], [11.5, 13.0, 7.5, 12.0, 8.0])
+  one = merge.magmax(base, experts[:1], scale=0.5)  # one expert: task arithmetic
+  np.testing.assert_array_equal(one["w"], merge.task_arithmetic(base, experts[:1], 0.5)["w"])
+
+
 def test_top_fraction_mask_keeps_ties_and_at_least_one():
   np.testing.assert_array_equal(core.top_fraction_mask([1, 3, 3, 2], 0.25), [False, True, True, False])
   np.testing.assert_array_equal(core.top_fraction_mask([5.0, 1.0], 0.1), [True, False])

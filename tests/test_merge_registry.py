@@ -42,9 +42,9 @@ def leaves(tree) -> dict:
 
 
 def test_roles_and_options_are_the_functions_parameters():
-  assert list(registry.METHODS)[:7] == ["layer_swap", "soup", "task_arithmetic", "ties", "dare", "sparsify_rows",
-                                        "maet"]
-  assert list(registry.METHODS)[7:] == MERGEKIT_KIN + SUBSPACE
+  assert list(registry.METHODS)[:8] == ["layer_swap", "soup", "task_arithmetic", "ties", "dare", "magmax",
+                                        "sparsify_rows", "maet"]
+  assert list(registry.METHODS)[8:] == MERGEKIT_KIN + SUBSPACE
   hidden = {"maet": {"return_info"}}
   for name, m in registry.METHODS.items():
     params = inspect.signature(m.fn).parameters
@@ -88,6 +88,7 @@ def test_every_method_by_name_equals_its_function():
       "maet": ({"base": base, "ability_model": t, "source_language_model": l, "target_language_models": [l2]},
                {"key_ratio": 0.5, "tensor_ratio": 0.5},
                lambda: merge.maet(base, t, l, [l2], key_ratio=0.5, tensor_ratio=0.5)),
+      "magmax": ({"base": base, "experts": [t, l]}, {"scale": 0.5}, lambda: merge.magmax(base, [t, l], scale=0.5)),
       "sparsify_rows": ({"expert": t, "base": base}, {"threshold": 0.8},
                         lambda: merge.sparsify_rows(t, base, 0.8)),
   }
@@ -107,7 +108,7 @@ def test_every_method_by_name_equals_its_function():
 
 @pytest.mark.parametrize("call, message", [
     (("tie", {}, {}), "unknown merge method 'tie'; known: layer_swap, soup, task_arithmetic, ties, dare, "
-                      "sparsify_rows, maet"),
+                      "magmax, sparsify_rows, maet"),
     (("ties", {"experts": ["x"]}, {}),
      r"ties takes inputs base, experts \(list\); missing \['base'\], unknown \[\]"),
     (("soup", {"experts": ["x"], "base": "b"}, {}),

@@ -17,7 +17,7 @@ Face names, `from_rule(path -> (block, kind))` for any other); every merge takes
   methods_doc.py docs/merge.md's methods table, rendered from the declarations
   core.py     structure checks, leaf-wise maps (`over_leaves`: every method's preamble), deltas
   swap.py     layer swapping with transition zones
-  combine.py  soup, magnitude weights, task arithmetic, TIES, DARE, row sparsification
+  combine.py  soup, magnitude weights, task arithmetic, TIES, DARE, MagMax, row sparsification
   sparse.py   DARE-TIES, breadcrumbs (-TIES), DELLA (-linear), SCE
   geometric.py SLERP, NuSLERP, multi-SLERP, Karcher mean, model stock, nearswap
   selective.py Arcee fusion, RAM
@@ -36,7 +36,7 @@ Any method by name: `merge.merge("ties", {"base": b, "experts": [t, l]}, {"densi
 """
 
 from xlt.merge.analysis import default_threshold, plot_row_change, row_change
-from xlt.merge.combine import dare, magnitude_weights, soup, sparsify_rows, task_arithmetic, ties
+from xlt.merge.combine import dare, magmax, magnitude_weights, soup, sparsify_rows, task_arithmetic, ties
 from xlt.merge.core import check_compatible, delta, mean_abs_rows
 from xlt.merge.maet import maet
 from xlt.io.tensor_files import load, save
@@ -48,7 +48,7 @@ from xlt.merge.swap import layer_swap, swap_plan
 
 __all__ = [
     "HF", "METHODS", "Method", "XLT", "Naming", "check_compatible", "dare", "default_threshold",
-    "delta", "describe", "from_rule", "layer_swap", "load", "maet", "magnitude_weights",
+    "delta", "describe", "from_rule", "layer_swap", "load", "maet", "magmax", "magnitude_weights",
     "mean_abs_rows", "merge", "merge_files", "naming_for", "path_names", "path_str",
     "plot_row_change", "registry", "row_change", "save", "soup", "sparsify_rows", "swap_plan",
     "task_arithmetic", "ties",

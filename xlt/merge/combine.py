@@ -313,6 +313,27 @@ def _threshold(_, *, threshold):
   return {"threshold": threshold}
 
 
+@declare.per_tensor("magmax", ("base", "experts+"),
+                    paper="Marczak et al. 2024, MagMax: Leveraging Model Merging for Seamless Continual Learning")
+def magmax(base, experts, *, scale: float = 1.0):
+  """MagMax (Marczak et al. 2024): per entry, the base plus the one task vector entry of
+  largest magnitude among the experts, times `scale`.
+
+  Unlike a mean, the strongest change to each parameter is kept whole and none is diluted by
+  the experts that left it alone; unlike TIES, no trimming or sign election (the sign is the
+  chosen expert's). Ties in magnitude go to the first expert. One expert: base + scale * its
+  task vector (task arithmetic).
+
+  scale: the factor on the selected task vector (the paper's lambda; 1.0 keeps the experts'
+    size, the paper reports 0.5 for its continual-learning sequences).
+  naming: unused (entries are independent); accepted so every merge has the same keywords.
+  """
+  b = core.as_compute(base)
+  tvs = np.stack([core.as_compute(x) - b for x in experts])
+  pick = np.argmax(np.abs(tvs), axis=0)  # the first of equal magnitudes
+  return b + np.asarray(scale, b.dtype) * np.take_along_axis(tvs, pick[None], axis=0)[0]
+
+
 @declare.per_tensor("sparsify_rows", ("expert", "base"), paper=LAYER_SWAPPING + " (section 3.2, row-level "
                     "sparsification)", layer_aware=True, prepare=_threshold)
 def sparsify_rows(expert, base, threshold: float, *, path=None, naming: Naming = XLT):
