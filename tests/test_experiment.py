@@ -98,7 +98,7 @@ def test_make_row_validates():
 
 def test_unknown_task_is_named_with_the_known_ones(graph_config, tmp_path):
   graph_config.task = "chess"
-  with pytest.raises(ValueError, match="unknown task 'chess'; known: graph, addition, text, arithmetic"):
+  with pytest.raises(ValueError, match="unknown task 'chess'; known: addition, arithmetic, "):
     runner.run(graph_config, str(tmp_path / "w"), progress=False)
   assert not (tmp_path / "w").exists()  # refused before anything is written
 
@@ -137,7 +137,7 @@ def test_modules_of_xlt_import_no_cycle():
   kinds = {"xlt.experiments.synthetic", "xlt.experiments.text", "xlt.experiments.testbed",
            "xlt.experiments.testbed_peft", "xlt.experiments.finetune", "xlt.experiments.pretrain_hf",
            "xlt.experiments.testbed_regimes"}
-  assert graph["xlt.experiments"] == kinds - {"xlt.experiments.testbed_peft"}
+  assert graph["xlt.experiments"] == set()  # it finds the kinds by their declarations, importing none by name
   # a kind imports no other kind, but the regime map, which is the testbed run once per regime
   extends = {"xlt.experiments.testbed_regimes": {"xlt.experiments.testbed"}}
   for kind in kinds:

@@ -50,6 +50,9 @@ from xlt.experiments import common as kind_lib
 from xlt.experiments import finetune_peft, testbed_peft, testbed_plan
 from xlt.experiments.testbed_plan import ALL, Recipe
 
+# what this kind runs: its config task (no headline metric: its results are not recorded in results/)
+KIND = kind_lib.Kind(tasks={"finetune": None})
+
 DATASETS = ("task", "language")
 # the merge registry's inputs the experiment has: the two full experts and the base
 MERGE_INPUTS = ("task_expert", "language_expert", "experts", "base")

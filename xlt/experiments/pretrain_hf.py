@@ -47,6 +47,9 @@ from xlt.data import addition, arithmetic, sft
 from xlt.experiments import common as kind_lib
 from xlt.io import fileio
 
+# what this kind runs: its config task (no headline metric: its results are not recorded in results/)
+KIND = kind_lib.Kind(tasks={"pretrain_hf": None})
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
 ROLES = ("[system]", "[user]", "[assistant]")

@@ -28,6 +28,9 @@ from xlt import results as results_lib
 from xlt.data import addition, common, graph
 from xlt.experiments import common as kind_lib
 
+# what this kind runs (config tasks, each with its headline metric) and how xlt.report reads its rows
+KIND = kind_lib.Kind(tasks={"graph": "valid", "addition": "exact_match"}, measurements="transfer")
+
 TASKS = {"graph": graph, "addition": addition}
 CONDITIONS = ("target_alone", "source_alone", "mixed")
 

@@ -51,6 +51,9 @@ from xlt.experiments import common as kind_lib
 from xlt.experiments import testbed_peft, testbed_plan, testbed_report, testbed_text
 from xlt.experiments.testbed_plan import ALL, Recipe
 
+# what this kind runs (config tasks, each with its headline metric) and how xlt.report reads its rows
+KIND = kind_lib.Kind(tasks={"arithmetic": "exact_match"}, measurements="testbed")
+
 # the merge registry's inputs the testbed has (compose fills each): checked before training
 MERGE_INPUTS = ("task_expert", "language_expert", "experts", "base", "ability_model", "source_language_model",
                 "target_language_models")

@@ -65,6 +65,9 @@ from xlt.data import packing
 from xlt.data import spm_tokenizer
 from xlt.experiments import common as kind_lib
 
+# what this kind runs (config tasks, each with its headline metric) and how xlt.report reads its rows
+KIND = kind_lib.Kind(tasks={"text": "ppl_token"}, measurements="transfer")
+
 CONDITIONS = ("high_only", "low_limited", "low_full", "mixed")
 ROLES = ("high", "low")
 METRICS = ("ppl_token", "ppl_char", "ppl_byte")

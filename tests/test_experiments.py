@@ -1,0 +1,48 @@
+"""xlt.experiments: the kinds declare themselves (common.Kind), and the runner and the report
+find each config task's kind, headline metric and measurements from the declarations."""
+
+import importlib
+import json
+import os
+
+import pytest
+
+from xlt import experiments, report
+from xlt.experiments import common
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_every_kind_is_found_from_its_declaration():
+  found = {task: module.__name__ for task, module in experiments.kinds().items()}
+  assert found == {"graph": "xlt.experiments.synthetic", "addition": "xlt.experiments.synthetic",
+                   "text": "xlt.experiments.text", "arithmetic": "xlt.experiments.testbed",
+                   "arithmetic_regimes": "xlt.experiments.testbed_regimes",
+                   "finetune": "xlt.experiments.finetune", "pretrain_hf": "xlt.experiments.pretrain_hf"}
+  for module in set(experiments.kinds().values()):
+    assert all(callable(getattr(module, f, None)) for f in ("prepare", "stages", "outputs")), module.__name__
+
+
+def test_an_unknown_task_names_the_known_ones():
+  with pytest.raises(ValueError, match="unknown task 'chess'; known: addition, arithmetic, arithmetic_regimes, "):
+    experiments.kind("chess")
+  with pytest.raises(report.UserError, match="unknown task 'chess'"):
+    report.declaration("chess")
+
+
+def test_a_declaration_is_checked():
+  with pytest.raises(ValueError, match="at least one task"):
+    common.Kind(tasks={})
+  with pytest.raises(ValueError, match="measurements 'table'"):
+    common.Kind(tasks={"x": None}, measurements="table")
+
+
+def test_every_recorded_result_has_its_kinds_headline_metric():
+  # the declarations give the metric each results/*.json was collected with (before them,
+  # a table in xlt.report): `collect` without --metric records what it did
+  for name in sorted(n for n in os.listdir(os.path.join(REPO, "results")) if n.endswith(".json")):
+    result = json.load(open(os.path.join(REPO, "results", name)))
+    module, _, arg = result["config"].removesuffix(".py").partition(":")
+    config = importlib.import_module(module.replace("/", ".").replace(".py", ""))
+    c = config.get_config(arg) if arg else config.get_config()
+    assert report.declaration(c.task).tasks[c.task] == result["metric"], name
