@@ -46,3 +46,20 @@ def test_every_recorded_result_has_its_kinds_headline_metric():
     config = importlib.import_module(module.replace("/", ".").replace(".py", ""))
     c = config.get_config(arg) if arg else config.get_config()
     assert report.declaration(c.task).tasks[c.task] == result["metric"], name
+
+
+def test_stage_helpers_stack_take_and_configure():
+  import ml_collections
+  import numpy as np
+
+  trees = [{"w": np.full((2, 3), i, np.float32), "b": np.arange(3) + i} for i in range(3)]
+  stacked = common.stack(trees)
+  assert stacked["w"].shape == (3, 2, 3) and stacked["b"].dtype == trees[0]["b"].dtype
+  for i, tree in enumerate(trees):
+    got = common.member(stacked, i)
+    assert all(isinstance(v, np.ndarray) and np.array_equal(v, tree[k]) for k, v in got.items())
+  c = ml_collections.ConfigDict({"mesh": {"devices": 1}, "train": {"steps": 3}, "opt": {"lr": 0.1}})
+  view = common.loop_config(c, c.train, c.opt)
+  assert view.to_dict() == {"train": {"steps": 3}, "opt": {"lr": 0.1}, "mesh": {"devices": 1}}
+  c.sharding_rules = (("embed", None),)
+  assert common.loop_config(c, c.train, c.opt).sharding_rules == (("embed", None),)

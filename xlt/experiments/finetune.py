@@ -39,7 +39,6 @@ import ml_collections
 import numpy as np
 
 from xlt import composite, hf_tokenizer, lm, memory, merge, partition, pretrained, sharding
-from xlt import ensemble as ensemble_lib
 from xlt import generate as generate_lib
 from xlt import loop as loop_lib
 from xlt import model as model_lib
@@ -249,21 +248,6 @@ def _memory(c, cfg, shapes, recipes) -> dict:
 # --------------------------------------------------------------------------- stages
 
 
-def _loop_config(c, train, opt) -> ml_collections.ConfigDict:
-  s = ml_collections.ConfigDict({"train": train.to_dict(), "opt": opt.to_dict(), "mesh": c.mesh.to_dict()})
-  if c.get("sharding_rules"):
-    s.sharding_rules = c.sharding_rules
-  return s
-
-
-def _stack(trees):
-  return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
-
-
-def _member(stacked, i):
-  return jax.tree.map(np.asarray, ensemble_lib.take(stacked, i))
-
-
 def val_score(c, prep: Prep, member_sets: list[tuple[str, ...]], plain=None) -> kind_lib.ValScore:
   """Early stopping: minus a member's mean validation loss over its datasets (`member_sets`,
   by member). `plain` turns a stage's params into plain model parameters first (LoRA)."""
@@ -298,12 +282,12 @@ def stages(c, prep: Prep, trained: dict):
   peft_val = lambda member_sets: val_score(c, prep, member_sets, plain=testbed_peft.plain)
   if lora_recipes := [r for r in prep.recipes if r.variant == "lora"]:
     yield finetune_peft.lora_stage(c, prep, lora_recipes, lambda what: _flags(prep, c, what), peft_val,
-                                   _loop_config(c, c.lora.train, c.lora.opt))
+                                   kind_lib.loop_config(c, c.lora.train, c.lora.opt))
   if c.neurons.enabled:
     n = c.neurons
-    yield finetune_peft.neuron_short_stage(c, prep, _loop_config(c, n.short.train, n.short.opt))
+    yield finetune_peft.neuron_short_stage(c, prep, kind_lib.loop_config(c, n.short.train, n.short.opt))
     yield finetune_peft.neuron_stage(c, prep, trained["neuron_short"].params, peft_val,
-                                     _loop_config(c, c.train, c.opt))
+                                     kind_lib.loop_config(c, c.train, c.opt))
 
 
 def static_frozen(c, prep: Prep, recipes: list[Recipe]):
@@ -344,7 +328,8 @@ def _weights_stage(c, prep: Prep, recipes: list[Recipe], name: str) -> kind_lib.
   together = f"{len(recipes)} models trained together, " if len(recipes) > 1 else ""
   print(f"finetune: stage {name}: {together}" + "; ".join(describe(r) for r in recipes), flush=True)
   return kind_lib.Stage(name, prep.cfg, members, val_score(c, prep, [r.val for r in recipes]),
-                        config=_loop_config(c, c.train, c.opt), init_params=_stack([prep.base] * len(recipes)),
+                        config=kind_lib.loop_config(c, c.train, c.opt),
+                        init_params=kind_lib.stack([prep.base] * len(recipes)),
                         tx=tx, info={"recipes": [r.name for r in recipes], "step": step})
 
 
@@ -361,7 +346,7 @@ def models(c, prep: Prep, trained: dict) -> dict:
       out.update(finetune_peft.lora_models(c, prep, t))
       continue
     for k, name in enumerate(t.stage.info.get("recipes", ())):  # (none: the neurons' short runs)
-      out[name] = jax.tree.map(np.asarray, composite.merged(_member(t.params, k)))
+      out[name] = jax.tree.map(np.asarray, composite.merged(kind_lib.member(t.params, k)))
   task, lang = out["task expert"], out["language expert"]
   for p in partitions(c):
     # each partial expert changed only its own label, so taking each label from its expert

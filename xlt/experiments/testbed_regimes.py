@@ -125,7 +125,7 @@ def _regime_models(c, prep, base, ft) -> tuple[list[dict], dict]:
   n = len(prep.seeds)
   per_seed, deltas = [], {}
   for i, s in enumerate(prep.seeds):
-    b = testbed._member(base, i)
+    b = kind_lib.member(base, i)
     recipes = testbed.seed_models(ft.params, prep.of("full"), n, i)
     for name, params in recipes.items():
       deltas.setdefault(name, []).append(relative_delta(params, b))
