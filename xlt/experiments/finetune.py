@@ -46,8 +46,9 @@ from xlt import results as results_lib
 from xlt import train as train_lib
 from xlt.data import sft
 from xlt.experiments import common as kind_lib
-from xlt.experiments import finetune_peft, testbed_peft, testbed_plan
-from xlt.experiments.testbed_plan import ALL, Recipe
+from xlt.experiments import recipes as recipe_lib
+from xlt.experiments import finetune_peft, testbed_peft
+from xlt.experiments.recipes import ALL, Recipe
 
 # what this kind runs: its config task (no headline metric: its results are not recorded in results/)
 KIND = kind_lib.Kind(tasks={"finetune": None})
@@ -64,15 +65,15 @@ def partitions(c) -> list[str]:
 
 
 def plan(c) -> list[Recipe]:
-  """The trained recipes (testbed_plan.recipes): the two full experts, the partial experts of
+  """The trained recipes (recipes.recipes): the two full experts, the partial experts of
   each partition, the simultaneous alternations (per partition and switch interval), and with
   `c.lora.enabled` the same in LoRA ("LoRA task expert", "partial LoRA task expert [C]",
   "simultaneous LoRA [C] k=1") over `c.lora.presets` and `c.lora.simultaneous_presets`. A
   recipe's `variant` is "full" or "lora" (adapters on the projections instead of the weights:
   those of the phase's label only, when it names one)."""
-  out = testbed_plan.recipes(partitions(c), c.simultaneous.presets, c.simultaneous.steps_per_switch)
+  out = recipe_lib.recipes(partitions(c), c.simultaneous.presets, c.simultaneous.steps_per_switch)
   if c.lora.enabled:
-    out += testbed_plan.recipes(c.lora.presets, c.lora.simultaneous_presets, c.lora.steps_per_switch, "lora",
+    out += recipe_lib.recipes(c.lora.presets, c.lora.simultaneous_presets, c.lora.steps_per_switch, "lora",
                                 "LoRA ")
   return out
 

@@ -34,7 +34,8 @@ from xlt import loop as loop_lib
 from xlt import lora, merge, neurons, partition
 from xlt import train as train_lib
 from xlt.experiments import common as kind_lib
-from xlt.experiments import testbed_peft, testbed_plan
+from xlt.experiments import recipes as recipe_lib
+from xlt.experiments import testbed_peft
 
 DATASETS = ("task", "language")
 
@@ -49,7 +50,7 @@ def check(c, num_layers: int, partitions: list[str]):
         raise ValueError(f"lora.{field} {unknown} are not partitions of the config ({partitions})")
     if not c.lora.steps_per_switch or min(c.lora.steps_per_switch) < 1:
       raise ValueError(f"lora.steps_per_switch must be positive, got {c.lora.steps_per_switch}")
-    for b, u, t in testbed_plan.swaps(c.lora.swaps, "lora.swaps"):
+    for b, u, t in recipe_lib.swaps(c.lora.swaps, "lora.swaps"):
       merge.swap_plan(num_layers, b, u, t, t)
   if c.neurons.enabled:
     merge.core.check_range("neurons.key_ratio", c.neurons.key_ratio, 0.0, 1.0, low_open=True)

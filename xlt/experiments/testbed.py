@@ -46,8 +46,9 @@ from xlt import partition
 from xlt import results as results_lib
 from xlt.data import arithmetic, common
 from xlt.experiments import common as kind_lib
+from xlt.experiments import recipes as recipe_lib
 from xlt.experiments import testbed_peft, testbed_plan, testbed_report, testbed_text
-from xlt.experiments.testbed_plan import ALL, Recipe
+from xlt.experiments.recipes import ALL, Recipe
 
 # what this kind runs (config tasks, each with its headline metric) and how xlt.report reads its rows
 KIND = kind_lib.Kind(tasks={"arithmetic": "exact_match"}, measurements="testbed")
@@ -138,7 +139,7 @@ def merges(c, seed: int = 0) -> list[tuple[str, str, dict]]:
   m = c.merge
   out = [(f"layer swap b={b} u={u} t={t}", "layer_swap",
           dict(bottom=b, top=u, lower_transition=t, upper_transition=t, non_block=m.non_block))
-         for b, u, t in testbed_plan.swaps(c.merge.swaps, "merge.swaps")]
+         for b, u, t in recipe_lib.swaps(c.merge.swaps, "merge.swaps")]
   out += [("soup", "soup", {}), ("soup (magnitude)", "soup", {"weights": "magnitude"})]
   out += [(f"task arithmetic λ={lam}", "task_arithmetic", {"lambdas": float(lam)}) for lam in m.task_arithmetic]
   # TIES in the rule its recorded results were made with (xlt.merge.combine.ties: convention)
@@ -163,7 +164,7 @@ def check(c, num_layers: int):
   for p in set(c.partition.presets) | set(c.simultaneous.presets):
     partition.preset_rules(p, num_layers, c.partition.bottom, c.partition.top,
                            c.partition.embeddings, c.partition.head)
-  for b, u, t in testbed_plan.swaps(c.merge.swaps, "merge.swaps"):
+  for b, u, t in recipe_lib.swaps(c.merge.swaps, "merge.swaps"):
     merge.swap_plan(num_layers, b, u, t, t)
   _check_merges(c)
   if not c.simultaneous.steps_per_switch or min(c.simultaneous.steps_per_switch) < 1:

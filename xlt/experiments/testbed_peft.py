@@ -29,8 +29,9 @@ from xlt import loop as loop_lib
 from xlt import lora, merge, neurons, partition
 from xlt import train as train_lib
 from xlt.experiments import common as kind_lib
+from xlt.experiments import recipes as recipe_lib
 from xlt.experiments import testbed_plan
-from xlt.experiments.testbed_plan import ALL, Recipe
+from xlt.experiments.recipes import ALL, Recipe
 
 
 def lora_plan(c) -> list[Recipe]:
@@ -43,7 +44,7 @@ def check(c, num_layers: int):
   if c.get("lora") and c.lora.enabled:
     for p in set(c.lora.presets) | set(c.lora.simultaneous_presets):
       partition.preset_rules(p, num_layers, c.partition.bottom, c.partition.top)
-    for b, u, t in testbed_plan.swaps(c.lora.swaps, "lora.swaps"):
+    for b, u, t in recipe_lib.swaps(c.lora.swaps, "lora.swaps"):
       merge.swap_plan(num_layers, b, u, t, t)
     if int(c.lora.rank) < 1:
       raise ValueError(f"lora.rank must be positive, got {c.lora.rank}")
@@ -101,7 +102,7 @@ def compose_lora(c, base, adapters: dict) -> dict:
   swaps and LoRA freeze-then-train."""
   models = {name: lora.merge_into(base, a) for name, a in adapters.items()}  # recipe order
   task, lang = adapters["LoRA task expert"], adapters["LoRA language expert"]
-  for b, u, t in testbed_plan.swaps(c.lora.swaps, "lora.swaps"):
+  for b, u, t in recipe_lib.swaps(c.lora.swaps, "lora.swaps"):
     swapped = merge.layer_swap(task, lang, bottom=b, top=u, lower_transition=t, upper_transition=t,
                                non_block="average")
     models[f"LoRA layer swap b={b} u={u} t={t}"] = lora.merge_into(base, swapped)

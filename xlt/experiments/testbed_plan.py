@@ -1,67 +1,15 @@
-"""What the merge testbed trains: every recipe of every stage (`plan`), the layer-swap specs,
-and the fine-tuning data (with replay of the base's data).
-
-A recipe is data: per phase, a dataset and what it trains; its `variant` says which stage
-trains it:
-  full     the full fine-tunes (testbed: one ensemble under one gated optimizer);
-  lora     the LoRA versions (testbed_peft.lora_stage): what = the adapters trained;
-  neurons  MAET with trained neurons (testbed_peft): the short runs on every parameter that
-           locate the key neurons, then the runs on those neurons only.
-"""
+"""What the merge testbed trains: every recipe of every stage (`plan`, recipes of
+xlt.experiments.recipes), and the fine-tuning data (with replay of the base's data)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
-ALL = None  # a phase that trains every parameter (every adapter, for LoRA)
-VARIANTS = ("full", "lora", "neurons")
-# the roles a fine-tuning dataset teaches (`mixed` = task + language: data mixing)
-TEACHES = {"task": ("task",), "language": ("language",), "source_language": ("source_language",),
-           "mixed": ("task", "language")}
-FINETUNE_SETS = tuple(TEACHES)
+from xlt.experiments import recipes
+from xlt.experiments.recipes import ALL, VARIANTS, Recipe
 
-
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-  """A fine-tuning recipe: per phase, a dataset and what it trains (ALL, or a (preset, label)
-  partition; for neurons, ("neurons", "ability" | "source")); phases take turns
-  `steps_per_phase` steps each. `val` names the roles whose validation sets pick its best
-  checkpoint (none: kept as it ends). `variant`: "full", "lora" or "neurons"."""
-
-  name: str
-  phases: tuple[tuple[str, tuple[str, str] | None], ...]
-  val: tuple[str, ...]
-  steps_per_phase: int = 1
-  variant: str = "full"
-
-  def __post_init__(self):
-    if self.variant not in VARIANTS:
-      raise ValueError(f"recipe {self.name!r}: unknown variant {self.variant!r}; known: {', '.join(VARIANTS)}")
-
-  @property
-  def trained_on(self) -> tuple[str, ...]:
-    """The roles its data teaches (task, language, source_language)."""
-    return tuple(dict.fromkeys(r for d, _ in self.phases for r in TEACHES[d]))
-
-
-def recipes(presets, simultaneous, steps_per_switch, variant: str = "full", tag: str = "", also=()) -> list[Recipe]:
-  """The task and language experts, then `also` (more recipes), partial experts per preset, and
-  simultaneous training per preset and switch interval; `tag` is "" (full) or "LoRA " in the
-  names. The testbed's plan and xlt.experiments.finetune's both build theirs with it."""
-  pre = lambda what: f"{tag}{what}"  # "task expert" / "LoRA task expert"
-  out = [Recipe(pre("task expert"), (("task", ALL),), ("task",), variant=variant),
-         Recipe(pre("language expert"), (("language", ALL),), ("language",), variant=variant), *also]
-  for p in presets:
-    out += [Recipe(f"partial {tag}task expert [{p}]", (("task", (p, "task")),), ("task",), variant=variant),
-            Recipe(f"partial {tag}language expert [{p}]", (("language", (p, "language")),), ("language",),
-                   variant=variant)]
-  for p in simultaneous:
-    for k in steps_per_switch:
-      out.append(Recipe(f"simultaneous {tag}[{p}] k={k}", (("task", (p, "task")), ("language", (p, "language"))),
-                        ("task", "language"), int(k), variant))
-  return out
+# the fine-tuning datasets (each teaches roles: recipes.TEACHES), which get replay of the base's data
+FINETUNE_SETS = tuple(recipes.TEACHES)
 
 
 def plan(c, variant: str | None = None) -> list[Recipe]:
@@ -71,9 +19,9 @@ def plan(c, variant: str | None = None) -> list[Recipe]:
   MAET's trained-neuron runs (`c.maet_neurons`, when enabled)."""
   also = (Recipe("source-language expert", (("source_language", ALL),), ("source_language",)),
           Recipe("data mixing", (("mixed", ALL),), ("task", "language")))
-  out = recipes(c.partition.presets, c.simultaneous.presets, c.simultaneous.steps_per_switch, also=also)
+  out = recipes.recipes(c.partition.presets, c.simultaneous.presets, c.simultaneous.steps_per_switch, also=also)
   if c.get("lora") and c.lora.enabled:
-    out += recipes(c.lora.presets, c.lora.simultaneous_presets, c.lora.steps_per_switch, "lora", "LoRA ")
+    out += recipes.recipes(c.lora.presets, c.lora.simultaneous_presets, c.lora.steps_per_switch, "lora", "LoRA ")
   if c.get("maet_neurons") and c.maet_neurons.enabled:
     # the short runs (every parameter, kept as they end) locate N_A and N_L0; the ability model
     # trains on N_A u N_L0, the source-language model on N_L0
@@ -85,19 +33,6 @@ def plan(c, variant: str | None = None) -> list[Recipe]:
   if variant is not None and variant not in VARIANTS:
     raise ValueError(f"unknown recipe variant {variant!r}; known: {', '.join(VARIANTS)}")
   return [r for r in out if variant is None or r.variant == variant]
-
-
-def swaps(specs, field: str) -> list[tuple[int, int, int]]:
-  """Layer-swap specs "bottom,top,transition" (the config's `merge.swaps`, `lora.swaps`) as
-  (b, u, t) triples; a malformed one fails naming `field`."""
-  out = []
-  for spec in specs:
-    try:
-      b, u, t = (int(x) for x in str(spec).split(","))
-    except ValueError:
-      raise ValueError(f"{field} entry {spec!r} is not 'bottom,top,transition'") from None
-    out.append((b, u, t))
-  return out
 
 
 def replay(examples: list, base: list, fraction: float, seed) -> list:
