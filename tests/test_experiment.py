@@ -105,7 +105,7 @@ def test_unknown_task_is_named_with_the_known_ones(graph_config, tmp_path):
 
 def test_modules_of_xlt_import_no_cycle():
   # the runner imports the kinds (xlt.experiments); the kinds import neither it nor each other,
-  # but for the testbed's own stages (testbed_peft).
+  # but for the testbed's own stages (testbed.peft).
   import ast
   import pathlib
 
@@ -134,14 +134,14 @@ def test_modules_of_xlt_import_no_cycle():
     return False
 
   assert [m for m in graph if on_a_cycle(m)] == []
-  kinds = {"xlt.experiments.synthetic", "xlt.experiments.text", "xlt.experiments.testbed",
-           "xlt.experiments.testbed_peft", "xlt.experiments.finetune", "xlt.experiments.pretrain_hf",
-           "xlt.experiments.testbed_regimes"}
+  kinds = {"xlt.experiments.synthetic", "xlt.experiments.text", "xlt.experiments.testbed.experiment",
+           "xlt.experiments.testbed.peft", "xlt.experiments.finetune", "xlt.experiments.pretrain_hf",
+           "xlt.experiments.testbed.regimes"}
   assert graph["xlt.experiments"] == set()  # it finds the kinds by their declarations, importing none by name
   # a kind imports no other kind, but the regime map, which is the testbed run once per regime
-  extends = {"xlt.experiments.testbed_regimes": {"xlt.experiments.testbed"}}
+  extends = {"xlt.experiments.testbed.regimes": {"xlt.experiments.testbed.experiment"}}
   for kind in kinds:
-    others = kinds - {"xlt.experiments.testbed_peft"} - extends.get(kind, set())
+    others = kinds - {"xlt.experiments.testbed.peft"} - extends.get(kind, set())
     assert not graph[kind] & ({"xlt.runner", "xlt.experiments"} | others), kind
 
 

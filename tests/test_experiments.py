@@ -16,8 +16,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_every_kind_is_found_from_its_declaration():
   found = {task: module.__name__ for task, module in experiments.kinds().items()}
   assert found == {"graph": "xlt.experiments.synthetic", "addition": "xlt.experiments.synthetic",
-                   "text": "xlt.experiments.text", "arithmetic": "xlt.experiments.testbed",
-                   "arithmetic_regimes": "xlt.experiments.testbed_regimes",
+                   "text": "xlt.experiments.text", "arithmetic": "xlt.experiments.testbed.experiment",
+                   "arithmetic_regimes": "xlt.experiments.testbed.regimes",
                    "finetune": "xlt.experiments.finetune", "pretrain_hf": "xlt.experiments.pretrain_hf"}
   for module in set(experiments.kinds().values()):
     assert all(callable(getattr(module, f, None)) for f in ("prepare", "stages", "outputs")), module.__name__

@@ -12,7 +12,8 @@ from configs import merge as merge_config
 from configs import merge_peft
 from xlt import model, partition, runner
 from xlt.data import arithmetic
-from xlt.experiments import testbed, testbed_plan
+from xlt.experiments.testbed import experiment as testbed
+from xlt.experiments.testbed import plan as testbed_plan
 
 
 @pytest.fixture

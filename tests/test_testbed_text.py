@@ -16,7 +16,8 @@ from configs import llama_base
 from configs import merge as merge_config
 from xlt import generate, hf_tokenizer, model, pretrained, runner
 from xlt.data import arithmetic
-from xlt.experiments import pretrain_hf, testbed_text
+from xlt.experiments import pretrain_hf
+from xlt.experiments.testbed import text as testbed_text
 
 
 @pytest.fixture(scope="module")

@@ -248,7 +248,7 @@ def _members(npz_path: str, like, ids) -> list:
 def load_run(workdir: str, stage: str):
   """(config, testbed.Prep, per seed (base, task expert, language expert)) of a finished
   testbed or regime-map run; `stage` is its fine-tune stage (finetune, finetune_r<i>)."""
-  from xlt.experiments import testbed  # the testbed's own reading of its config and data
+  from xlt.experiments.testbed import experiment as testbed  # the testbed's own reading of its config and data
 
   path = os.path.join(workdir, "config.json")
   if not os.path.isfile(path):

@@ -47,7 +47,8 @@ from xlt import train as train_lib
 from xlt.data import sft
 from xlt.experiments import common as kind_lib
 from xlt.experiments import recipes as recipe_lib
-from xlt.experiments import finetune_peft, testbed_peft
+from xlt.experiments import finetune_peft
+from xlt.experiments.testbed import peft as testbed_peft
 from xlt.experiments.recipes import ALL, Recipe
 
 # what this kind runs: its config task (no headline metric: its results are not recorded in results/)

@@ -35,7 +35,7 @@ from xlt import lora, merge, neurons, partition
 from xlt import train as train_lib
 from xlt.experiments import common as kind_lib
 from xlt.experiments import recipes as recipe_lib
-from xlt.experiments import testbed_peft
+from xlt.experiments.testbed import peft as testbed_peft
 
 DATASETS = ("task", "language")
 

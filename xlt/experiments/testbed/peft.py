@@ -30,7 +30,7 @@ from xlt import lora, merge, neurons, partition
 from xlt import train as train_lib
 from xlt.experiments import common as kind_lib
 from xlt.experiments import recipes as recipe_lib
-from xlt.experiments import testbed_plan
+from xlt.experiments.testbed import plan as testbed_plan
 from xlt.experiments.recipes import ALL, Recipe
 
 

@@ -42,7 +42,9 @@ import numpy as np
 from xlt import distributed
 from xlt import results as results_lib
 from xlt.experiments import common as kind_lib
-from xlt.experiments import testbed, testbed_regimes_report, testbed_report
+from xlt.experiments.testbed import experiment as testbed
+from xlt.experiments.testbed import regimes_report as testbed_regimes_report
+from xlt.experiments.testbed import report as testbed_report
 
 # what this kind runs (config tasks, each with its headline metric) and how xlt.report reads its rows
 KIND = kind_lib.Kind(tasks={"arithmetic_regimes": "exact_match"}, measurements="regimes")
