@@ -43,7 +43,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from xlt import evaluate as eval_lib
+from xlt import ensemble_decode
 from xlt import model as model_lib
 from xlt import results as results_lib
 
@@ -126,7 +126,7 @@ def swap_curve(cfg, task, sets: dict[str, list[str]], seeds_models: list[tuple],
   for task_expert, language_expert in seeds_models:
     models = [swap_block(task_expert, language_expert, i) for i in range(cfg.num_layers)]
     stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *models)
-    scored = eval_lib.score_members(cfg, stacked, task, eval_sets, [names] * len(models), batch)
+    scored = ensemble_decode.score_members(cfg, stacked, task, eval_sets, [names] * len(models), batch)
     for r in roles:
       out[r].append([float(np.mean([s[n]["exact_match"] for n in sets[r]])) for s in scored])
   return out

@@ -38,8 +38,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from xlt import composite, hf_tokenizer, lm, memory, merge, partition, pretrained, sharding
+from xlt import composite, hf_tokenizer, memory, merge, partition, pretrained, sharding
 from xlt import generate as generate_lib
+from xlt import perplexity as perplexity_lib
 from xlt import loop as loop_lib
 from xlt import model as model_lib
 from xlt import results as results_lib
@@ -262,7 +263,8 @@ def val_score(c, prep: Prep, member_sets: list[tuple[str, ...]], plain=None) -> 
       if not ks:
         continue
       v = prep.data[name].val
-      r = lm.perplexity(prep.cfg, params, v["tokens"], v["loss_mask"], c.eval.batch_size, ensemble=True, members=ks)
+      r = perplexity_lib.perplexity(prep.cfg, params, v["tokens"], v["loss_mask"], c.eval.batch_size, ensemble=True,
+                                    members=ks)
       for k, nll, n in zip(ks, r["nll_sum"], r["tokens"]):
         loss[k] += nll / n / len(member_sets[ids[k]])
     return list(-loss)
@@ -368,7 +370,7 @@ def _val_losses(c, prep: Prep, params) -> dict:
   out = {}
   for name in DATASETS:
     v = prep.data[name].val
-    r = lm.perplexity(prep.cfg, params, v["tokens"], v["loss_mask"], c.eval.batch_size, ensemble=False)
+    r = perplexity_lib.perplexity(prep.cfg, params, v["tokens"], v["loss_mask"], c.eval.batch_size, ensemble=False)
     out[name] = r["nll_sum"] / r["tokens"]
   return out
 

@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 from xlt import distributed
-from xlt import evaluate as eval_lib
+from xlt import ensemble_decode
 from xlt import loop as loop_lib
 from xlt import merge
 from xlt import model as model_lib
@@ -259,7 +259,7 @@ def val_score(c, prep: Prep, member_sets: list[list[str]], plain=None) -> kind_l
   def score(params, ids):
     if plain is not None:
       params = plain(params)
-    scored = eval_lib.score_members(prep.cfg, params, prep.task, prep.task.val, [member_sets[i] for i in ids],
+    scored = ensemble_decode.score_members(prep.cfg, params, prep.task, prep.task.val, [member_sets[i] for i in ids],
                                     c.eval.batch_size)
     return [np.mean([s[n]["exact_match"] for n in member_sets[i]]) for s, i in zip(scored, ids)]
   return score
@@ -377,7 +377,7 @@ def _score_all(cfg, task, per_seed, sets, batch, seeds, workdir, chunk: int = 48
     part = flat[start:start + chunk]
     stacked = jax.device_put(kind_lib.stack([p for _, _, p in part]))
     records = []
-    scored = eval_lib.score_members(cfg, stacked, task, {n: task.test[n] for n in wanted},
+    scored = ensemble_decode.score_members(cfg, stacked, task, {n: task.test[n] for n in wanted},
                                   [wanted] * len(part), batch, records)
     predictions += [{**r, "member": start + r["member"]} for r in records]
     for (name, i, _), s in zip(part, scored):
