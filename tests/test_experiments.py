@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from xlt import experiments, report
+from xlt import experiments, report, runner
 from xlt.experiments import common
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,3 +63,52 @@ def test_stage_helpers_stack_take_and_configure():
   assert view.to_dict() == {"train": {"steps": 3}, "opt": {"lr": 0.1}, "mesh": {"devices": 1}}
   c.sharding_rules = (("embed", None),)
   assert common.loop_config(c, c.train, c.opt).sharding_rules == (("embed", None),)
+
+
+def test_unknown_task_is_named_with_the_known_ones(graph_config, tmp_path):
+  graph_config.task = "chess"
+  with pytest.raises(ValueError, match="unknown task 'chess'; known: addition, arithmetic, "):
+    runner.run(graph_config, str(tmp_path / "w"), progress=False)
+  assert not (tmp_path / "w").exists()  # refused before anything is written
+
+
+def test_modules_of_xlt_import_no_cycle():
+  # the runner imports the kinds (xlt.experiments); the kinds import neither it nor each other,
+  # but for the testbed's own stages (testbed.peft).
+  import ast
+  import pathlib
+
+  root = pathlib.Path(REPO)
+  graph = {}
+  for path in (root / "xlt").rglob("*.py"):
+    parts = path.relative_to(root).with_suffix("").parts
+    module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    graph[module] = [node for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, (ast.Import, ast.ImportFrom))]
+  for module, nodes in graph.items():  # `from p import x`: module p.x if there is one, else p
+    deps = {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
+    deps |= {f"{n.module}.{a.name}" if f"{n.module}.{a.name}" in graph else n.module
+             for n in nodes if isinstance(n, ast.ImportFrom) and n.module for a in n.names}
+    graph[module] = {d for d in deps if d in graph and d != module}
+
+  def on_a_cycle(module):  # depth-first search for a way back to `module`
+    stack, seen = list(graph[module]), set()
+    while stack:
+      m = stack.pop()
+      if m == module:
+        return True
+      if m not in seen:
+        seen.add(m)
+        stack.extend(graph[m])
+    return False
+
+  assert [m for m in graph if on_a_cycle(m)] == []
+  kinds = {"xlt.experiments.synthetic", "xlt.experiments.text", "xlt.experiments.testbed.experiment",
+           "xlt.experiments.testbed.peft", "xlt.experiments.finetune", "xlt.experiments.pretrain_hf",
+           "xlt.experiments.testbed.regimes"}
+  assert graph["xlt.experiments"] == set()  # it finds the kinds by their declarations, importing none by name
+  # a kind imports no other kind, but the regime map, which is the testbed run once per regime
+  extends = {"xlt.experiments.testbed.regimes": {"xlt.experiments.testbed.experiment"}}
+  for kind in kinds:
+    others = kinds - {"xlt.experiments.testbed.peft"} - extends.get(kind, set())
+    assert not graph[kind] & ({"xlt.runner", "xlt.experiments"} | others), kind
