@@ -47,10 +47,10 @@ from xlt import results as results_lib
 from xlt import train as train_lib
 from xlt.data import sft
 from xlt.experiments import common as kind_lib
-from xlt.experiments import recipes as recipe_lib
 from xlt.experiments import finetune_peft
-from xlt.experiments.testbed import peft as testbed_peft
+from xlt.experiments import recipes as recipe_lib
 from xlt.experiments.recipes import ALL, Recipe
+from xlt.experiments.testbed import peft as testbed_peft
 
 # what this kind runs: its config task (no headline metric: its results are not recorded in results/)
 KIND = kind_lib.Kind(tasks={"finetune": None})

@@ -47,11 +47,11 @@ from xlt import results as results_lib
 from xlt.data import arithmetic, common
 from xlt.experiments import common as kind_lib
 from xlt.experiments import recipes as recipe_lib
+from xlt.experiments.recipes import ALL, Recipe
 from xlt.experiments.testbed import peft as testbed_peft
 from xlt.experiments.testbed import plan as testbed_plan
 from xlt.experiments.testbed import report as testbed_report
 from xlt.experiments.testbed import text as testbed_text
-from xlt.experiments.recipes import ALL, Recipe
 
 # what this kind runs (config tasks, each with its headline metric) and how xlt.report reads its rows
 KIND = kind_lib.Kind(tasks={"arithmetic": "exact_match"}, measurements="testbed")

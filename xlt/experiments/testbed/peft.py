@@ -30,8 +30,8 @@ from xlt import lora, merge, neurons, partition
 from xlt import train as train_lib
 from xlt.experiments import common as kind_lib
 from xlt.experiments import recipes as recipe_lib
-from xlt.experiments.testbed import plan as testbed_plan
 from xlt.experiments.recipes import ALL, Recipe
+from xlt.experiments.testbed import plan as testbed_plan
 
 
 def lora_plan(c) -> list[Recipe]:
