@@ -27,14 +27,14 @@ What is measured:
     single-model step, and PyTorch's 9 separate steps (benchmarks/ensemble_strategies.py also
     times the members split over the devices).
   * decoding: greedy with a KV cache, graph model, batch 512, 100-token prompt + 20 new
-    tokens; xlt through xlt.evaluate.decode_batch (jitted, after warm-up). Prefill is the
+    tokens; xlt through xlt.ensemble_decode.decode_batch (jitted, after warm-up). Prefill is the
     same call with 1 new token; ms per new token = (full - prefill) / 19; new tokens/s =
     batch x 20 / full time (prefill included).
 
 How: xlt's step is xlt.train.make_step(make_optimizer(...)) on a mesh of every device, as
 `python -m xlt.main`'s default (on a CPU, one device per core: xlt.cpu_devices; `--one_device`
 adds a column of the same worker on one device, what that adds); decoding goes through
-xlt.evaluate.decode_batch, the rows spread over the devices as evaluation spreads them. Each
+xlt.ensemble_decode.decode_batch, the rows spread over the devices as evaluation spreads them. Each
 implementation runs in its own subprocess (JAX and PyTorch never share a process's threads), rounds alternate between them (xlt first in
 even rounds, PyTorch first in odd ones, so a drift of the machine's speed hits both), each
 round takes the median over timed steps after warm-up, and the table reports the median
@@ -187,7 +187,7 @@ def xlt_worker(jobs, timing):
   import ml_collections
   import numpy as np
 
-  from xlt import ensemble, evaluate, sharding
+  from xlt import ensemble, ensemble_decode, sharding
   from xlt import model as model_lib
   from xlt import train as train_lib
 
@@ -250,7 +250,7 @@ def xlt_worker(jobs, timing):
       lens = np.full((1, job["batch"]), job["prompt"], np.int32)
 
       def decode(new):  # as evaluation decodes: rows spread over the devices, tokens to the host
-        return lambda: evaluate.decode_batch(cfg, params, prompts, lens, max_new=new, min_prompt=job["prompt"])
+        return lambda: ensemble_decode.decode_batch(cfg, params, prompts, lens, max_new=new, min_prompt=job["prompt"])
 
       full = median_seconds(decode(job["new"]), 1, timing["decode_steps"])
       prefill = median_seconds(decode(1), 1, timing["decode_steps"])

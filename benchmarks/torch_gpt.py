@@ -10,7 +10,7 @@ of one fused qkv projection with bias, causal softmax attention
 `nn.gelu` default) of width mlp_ratio x D; final LayerNorm, untied lm_head without bias.
 Training is xlt.train's: mean masked next-token cross-entropy, global-norm clipping,
 AdamW (b1 0.9, b2 0.95, eps 1e-8) with weight decay on the parameters xlt decays.
-`greedy_decode` is xlt.evaluate.greedy_decode: prefill the shortest prompt, then one token
+`greedy_decode` is xlt.ensemble_decode.greedy_decode: prefill the shortest prompt, then one token
 per step through a preallocated KV cache. `load_xlt_params` copies an xlt parameter tree
 in, so the tests can run both on the same weights.
 
@@ -254,7 +254,7 @@ def train_step(model: GPT, opt: torch.optim.Optimizer, tokens_BxT, loss_mask_BxT
 
 @torch.inference_mode()
 def greedy_decode(model: GPT, prompts_BxP, prompt_len_B, *, max_new: int, min_prompt: int):
-  """xlt.evaluate.greedy_decode: tokens [B, P + max_new], each prompt followed by its greedy
+  """xlt.ensemble_decode.greedy_decode: tokens [B, P + max_new], each prompt followed by its greedy
   continuation; rows whose prompt is longer than `min_prompt` copy their prompt tokens."""
   b, p = prompts_BxP.shape
   length = p + max_new

@@ -6,7 +6,7 @@ docs/prereg/claims_study.md, committed before any of its runs; its verdicts are 
   python -m xlt.main --config=configs/claims_study.py --workdir=runs/claims_study
 
 A grid (one point per depth: 6, 12 and 24 blocks at configs/merge.py's width), each point a
-regime map (c.task "arithmetic_regimes", xlt.experiments.testbed_regimes) with two fine-tune
+regime map (c.task "arithmetic_regimes", xlt.experiments.testbed.regimes) with two fine-tune
 regimes from the same 10 bases: the papers' short SFT with a small relative delta (1e-4 x 400
 steps, the regime map's smallest column) and the default's 3e-4 x 800. Everything else is
 configs/merge.py's: the data, the base's training, the replay, the merge settings.

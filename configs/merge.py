@@ -57,7 +57,7 @@ def get_config():
 
   c.model = common.model(num_layers=6, num_heads=4, d_model=64, block_size=16, pos_embedding="rope")
   # a base you bring (docs/testbed.md): a Hugging Face model directory xlt.pretrained loads, whose
-  # config replaces c.model, the task rendered as text in its tokenizer (xlt.experiments.testbed_text);
+  # config replaces c.model, the task rendered as text in its tokenizer (xlt.experiments.testbed.text);
   # "": xlt's own base, trained from scratch. base_fluency: first fine-tune it on data.base with
   # c.base's train / opt (False: the loaded model is the base as it is); base_render: "spaced"
   # ("[let] 3 2 7 + 8 =" -> " F D D") or "glued" ("[let] 327 + 8 =" -> " FDD", configs/llama_base.py's text)
@@ -95,7 +95,7 @@ def get_config():
       # more merges from xlt.merge's registry, each "method option=value ..." (python -m xlt.merge
       # --list_methods), e.g. ("ties density=0.5",)
       extra=()))
-  # LoRA versions of the recipes (xlt.experiments.testbed_peft): rsLoRA rank 8, alpha 16 (scale 5.7) on every
+  # LoRA versions of the recipes (xlt.experiments.testbed.peft): rsLoRA rank 8, alpha 16 (scale 5.7) on every
   # attn / mlp projection. Learning rate from a 1-seed probe (base 1200 steps, fine-tunes 400):
   # at 2e-3 simultaneous LoRA diverged (loss 0.6 -> 2.7, every score ~0) while the other LoRA
   # recipes learned; at 5e-4 all are stable (LoRA task expert: task 100%, goal 0% / 20.5% any script)

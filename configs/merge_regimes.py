@@ -5,7 +5,7 @@ far fine-tuning moved the experts from the base.
 
 configs/merge.py's testbed (its data, model, base, partition presets and merge settings, read
 from its get_config(), at the first 5 of its seeds), with the fine-tuning stage run once per
-regime of `regimes`, each from the same base (xlt.experiments.testbed_regimes, c.task
+regime of `regimes`, each from the same base (xlt.experiments.testbed.regimes, c.task
 "arithmetic_regimes"): the experts, data mixing, the partial experts and simultaneous training
 of each partition preset, and every merge built from them (freeze-then-train,
 train-then-revert, layer swaps, soups, task arithmetic, TIES, DARE, MAET). The LoRA and

@@ -3,7 +3,7 @@ depth, and every point a testbed config that fits its model."""
 
 from configs import claims_study
 from xlt import grid
-from xlt.experiments import testbed
+from xlt.experiments.testbed import experiment as testbed
 
 
 def test_layer_counts_scale_the_papers_32_layers_rounding_up():

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from xlt import cpu_devices, evaluate, lm, sharding
+from xlt import cpu_devices, ensemble_decode, perplexity, sharding
 from xlt import model as model_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,12 +80,12 @@ def test_decoding_and_perplexity_spread_over_the_mesh_equal_one_device(stacked, 
   prompts = [[rng.integers(3, 40, rng.integers(3, 9)).tolist() for _ in range(7)] for _ in range(2)]
   mesh = sharding.make_mesh({"data": -1, "devices": n_devices})
   spread_params = jax.device_put(stacked, sharding.replicated(mesh))
-  one = evaluate.decode_answers(CFG, stacked, prompts, max_new=6, eos_id=2, batch=3)
-  many = evaluate.decode_answers(CFG, spread_params, prompts, max_new=6, eos_id=2, batch=3)
+  one = ensemble_decode.decode_answers(CFG, stacked, prompts, max_new=6, eos_id=2, batch=3)
+  many = ensemble_decode.decode_answers(CFG, spread_params, prompts, max_new=6, eos_id=2, batch=3)
   assert one == many and len(one[0]) == 7
   tokens = rng.integers(3, 40, (5, 12)).astype(np.int32)
   mask = (rng.random((5, 11)) < 0.7).astype(np.float32)
-  a, b = (lm.perplexity(CFG, p, tokens, mask, batch=3) for p in (stacked, spread_params))
+  a, b = (perplexity.perplexity(CFG, p, tokens, mask, batch=3) for p in (stacked, spread_params))
   np.testing.assert_allclose(a["nll_sum"], b["nll_sum"], rtol=1e-5)
   assert (a["tokens"] == b["tokens"]).all() and a["tokens"][0] == mask.sum()
 

@@ -144,7 +144,7 @@ def test_layering_check_catches_an_import_across_a_floor(tmp_path, monkeypatch):
 MERGE_INTERNALS_USED = {
     "xlt.neurons": {"xlt.merge.core", "xlt.merge.maet"},  # mask helpers; MAET's key rows
     "xlt.experiments.finetune_peft": {"xlt.merge.core"},  # check_compatible of LoRA deltas
-    "xlt.experiments.testbed_peft": {"xlt.merge.core"},
+    "xlt.experiments.testbed.peft": {"xlt.merge.core"},
     # PEFT adapter files: read once, by the merge library's reader (a merge takes "model+adapter" too)
     "xlt.peft_io": {"xlt.merge.lora_adapters"},
 }

@@ -151,7 +151,7 @@ def test_bad_lora_arguments_fail_clearly():
 
 def test_testbed_lora_compositions_take_the_right_adapters():
   from configs import merge_peft
-  from xlt.experiments import testbed_peft
+  from xlt.experiments.testbed import peft as testbed_peft
 
   c = merge_peft.get_config()  # the config with the LoRA recipes
   c.lora.presets, c.lora.swaps = ("C",), ("1,1,0",)

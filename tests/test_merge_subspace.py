@@ -140,7 +140,7 @@ def test_localize_searches_the_mask_with_a_loss():
 
 def test_each_new_method_runs_from_the_testbed_config():
   from configs import merge as merge_config
-  from xlt.experiments import testbed
+  from xlt.experiments.testbed import experiment as testbed
   c = merge_config.get_config()
   c.merge.extra = ("tsv_m alpha=0.5", "iso_c", "iso_cts common_space_fraction=0.5", "consensus k=1",
                    "tall_mask expert=0", "localize_and_stitch sparsity=0.1")

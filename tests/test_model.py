@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xlt import evaluate, matmul, model, paths
+from xlt import ensemble_decode, matmul, model, paths
 
 
 def _param_count(v, t, l, d, tied=False):
@@ -63,7 +63,7 @@ def test_greedy_decode_with_cache_equals_full_forward_argmax(pos_embedding):
   params = model.init_params(cfg, jax.random.key(3))
   prompts = np.array([[5, 6, 7, 0], [1, 2, 3, 4]], np.int32)  # lengths 3 and 4
   lens = np.array([3, 4], np.int32)
-  out = np.asarray(evaluate.greedy_decode(cfg, params, prompts, lens, max_new=8, min_prompt=3))
+  out = np.asarray(ensemble_decode.greedy_decode(cfg, params, prompts, lens, max_new=8, min_prompt=3))
   # reference: no cache, the whole sequence recomputed per new token. Padded to one length so it
   # compiles once; causal attention (test_causality) makes the padding after `len(seq)` irrelevant.
   full_logits = jax.jit(lambda toks: model.apply(cfg, params, toks)[0])
@@ -81,11 +81,11 @@ def test_greedy_decode_stops_when_every_row_wrote_eos():
   params = model.init_params(cfg, jax.random.key(5))
   prompts = np.array([[5, 6, 7, 0], [1, 2, 3, 4], [9, 9, 8, 0]], np.int32)
   lens = np.array([3, 4, 3], np.int32)
-  full = np.asarray(evaluate.greedy_decode(cfg, params, prompts, lens, max_new=30, min_prompt=3))
+  full = np.asarray(ensemble_decode.greedy_decode(cfg, params, prompts, lens, max_new=30, min_prompt=3))
   # EOS by rule: the token every row generates soonest, so that every row writes one
   gens = [list(r[l:]) for r, l in zip(full, lens)]
   eos = min(set(gens[0]) & set(gens[1]) & set(gens[2]), key=lambda t: max(g.index(t) for g in gens))
-  out = np.asarray(evaluate.greedy_decode(cfg, params, prompts, lens, max_new=30, min_prompt=3, eos_id=eos))
+  out = np.asarray(ensemble_decode.greedy_decode(cfg, params, prompts, lens, max_new=30, min_prompt=3, eos_id=eos))
   ends = []
   for row, row_full, plen in zip(out, full, lens):
     end = plen + list(row_full[plen:]).index(eos)
@@ -150,8 +150,8 @@ def test_dropout_only_when_training_with_an_rng():
   assert not np.allclose(a, plain) and not np.allclose(a, other)
   # and decoding (evaluation) is the dropout-free model's
   prompts, lens = np.asarray(tokens[:, :4], np.int32), np.full((2,), 4, np.int32)
-  got = evaluate.greedy_decode(cfg, params, prompts, lens, max_new=6, min_prompt=4)
-  want = evaluate.greedy_decode(model.Config(**{**cfg.__dict__, "dropout": 0.0}), params, prompts, lens,
+  got = ensemble_decode.greedy_decode(cfg, params, prompts, lens, max_new=6, min_prompt=4)
+  want = ensemble_decode.greedy_decode(model.Config(**{**cfg.__dict__, "dropout": 0.0}), params, prompts, lens,
                                 max_new=6, min_prompt=4)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 

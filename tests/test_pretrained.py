@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from xlt import evaluate, lm, model, pretrained, sharding
+from xlt import decode, ensemble_decode, model, pretrained, sharding
 from xlt.io import hf_dir, tensor_files
 
 HF = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
@@ -56,9 +56,9 @@ def test_greedy_decode_with_kv_cache_equals_transformers(family):
   path, ids, _ = _fixture(family)
   want = np.load(os.path.join(path, "greedy_ids.npy"))
   cfg, params = pretrained.load(path)
-  assert np.array_equal(lm.sample(cfg, params, ids, max_new=20, temperature=0), want)
+  assert np.array_equal(decode.sample(cfg, params, ids, max_new=20, temperature=0), want)
   p = ids.shape[1]
-  out = jax.jit(evaluate.greedy_decode, static_argnums=0, static_argnames=("max_new", "min_prompt"))(
+  out = jax.jit(ensemble_decode.greedy_decode, static_argnums=0, static_argnames=("max_new", "min_prompt"))(
       cfg, params, ids, np.array([p], np.int32), max_new=20, min_prompt=p)
   assert np.array_equal(out, want)
 
@@ -211,5 +211,5 @@ def test_left_padded_greedy_decode_equals_each_row_alone(family):
       logits, cache = step(cfg, params, out[-1][:, None], cache, p + i)
   for r in range(b):
     alone = ids[r][mask[r] == 1].astype(np.int32)
-    want = lm.sample(cfg, params, alone, max_new=new, temperature=0)[len(alone):]
+    want = decode.sample(cfg, params, alone, max_new=new, temperature=0)[len(alone):]
     assert np.array_equal(np.stack(out, 1)[r], want)

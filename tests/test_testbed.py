@@ -12,7 +12,8 @@ from configs import merge as merge_config
 from configs import merge_peft
 from xlt import model, partition, runner
 from xlt.data import arithmetic
-from xlt.experiments import testbed, testbed_plan
+from xlt.experiments.testbed import experiment as testbed
+from xlt.experiments.testbed import plan as testbed_plan
 
 
 @pytest.fixture
@@ -151,9 +152,6 @@ def test_plan_lists_every_trained_recipe_once_with_its_variant(tiny):
   assert testbed.plan(tiny)[3].trained_on == ("task", "language")  # data mixing
   tiny.lora.enabled = tiny.maet_neurons.enabled = False
   assert {r.variant for r in testbed_plan.plan(tiny)} == {"full"}
-  assert testbed_plan.swaps(("1,1,0", "2,0,1"), "merge.swaps") == [(1, 1, 0), (2, 0, 1)]
-  with pytest.raises(ValueError, match=r"lora.swaps entry '1,1' is not 'bottom,top,transition'"):
-    testbed_plan.swaps(("1,1",), "lora.swaps")
 
 
 def test_replay_adds_a_fixed_share_of_the_base_data(tiny):

@@ -1,4 +1,4 @@
-"""The regime map (configs/merge_regimes.py, xlt.experiments.testbed_regimes) end to end on a tiny
+"""The regime map (configs/merge_regimes.py, xlt.experiments.testbed.regimes) end to end on a tiny
 config: one fine-tune stage per regime from the same base, the experts' relative deltas, rows
 with their regime, table.md and regime_map.png; the family lines; a bad regime fails first."""
 
@@ -11,7 +11,9 @@ import pytest
 
 from configs import merge_regimes
 from xlt import runner
-from xlt.experiments import testbed, testbed_regimes, testbed_regimes_report
+from xlt.experiments.testbed import experiment as testbed
+from xlt.experiments.testbed import regimes as testbed_regimes
+from xlt.experiments.testbed import regimes_report as testbed_regimes_report
 
 
 @pytest.fixture

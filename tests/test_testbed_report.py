@@ -1,4 +1,4 @@
-"""The merge testbed's rows and table (xlt.experiments.testbed_report) on hand-made scores: 95%
+"""The merge testbed's rows and table (xlt.experiments.testbed.report) on hand-made scores: 95%
 intervals, the goal's paired difference to the best expert with its marker, retention; and
 xlt.report's results file and render of those fields."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from configs import merge as merge_config
 from xlt import report
-from xlt.experiments import testbed_report
+from xlt.experiments.testbed import report as testbed_report
 
 SETS = {"goal": ["add_digit/letter"], "task": ["add_digit/standard"], "language": ["max/letter"],
         "source_language": ["max/standard"]}

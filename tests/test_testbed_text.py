@@ -1,4 +1,4 @@
-"""A base the user brings (xlt.experiments.testbed_text): the merge testbed run end to end from a
+"""A base the user brings (xlt.experiments.testbed.text): the merge testbed run end to end from a
 tiny Hugging Face Llama directory made here (random weights, configs/llama_base.py's tokenizer),
 the task rendered as text in its tokenizer; nothing downloaded."""
 
@@ -17,7 +17,8 @@ from configs import merge as merge_config
 from xlt import generate, hf_tokenizer, model, pretrained, runner
 from xlt.data import arithmetic
 from xlt.eval import scores as eval_scores
-from xlt.experiments import pretrain_hf, testbed_text
+from xlt.experiments import pretrain_hf
+from xlt.experiments.testbed import text as testbed_text
 
 
 @pytest.fixture(scope="module")

@@ -4,16 +4,11 @@ import os
 import random
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xlt import evaluate as eval_lib
-from xlt import lm
-from xlt import model as model_lib
 from xlt import runner, sharding
 from xlt.experiments import text as tt
-from xlt.data import spm_tokenizer
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
@@ -24,92 +19,6 @@ def load_config(name):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config()
-
-
-_apply = jax.jit(model_lib.apply, static_argnums=0)
-CFG = model_lib.Config(vocab_size=50, block_size=24, num_layers=2, num_heads=2, d_model=16)
-
-
-@pytest.fixture(scope="module")
-def params():
-  return jax.jit(model_lib.init_params, static_argnums=0)(CFG, jax.random.key(0))
-
-
-def rows(n=5, t=13, seed=0):
-  tokens = np.random.default_rng(seed).integers(4, CFG.vocab_size, (n, t)).astype(np.int32)
-  tokens[:, 0] = spm_tokenizer.BOS_ID
-  return tokens
-
-
-# ------------------------------------------------------------------------------- perplexity
-
-
-def test_uniform_model_perplexity_is_vocab_size(params):
-  uniform = {**params, "lm_head": jax.tree.map(jnp.zeros_like, params["lm_head"])}
-  tokens = rows()
-  mask = np.ones((5, 12), np.float32)
-  r = lm.perplexity(CFG, uniform, tokens, mask, batch=2)  # 3 batches, the last one padded
-  assert r["tokens"] == 60 and r["ppl_token"] == pytest.approx(CFG.vocab_size, rel=1e-5)
-  assert r["nll_sum"] == pytest.approx(60 * np.log(CFG.vocab_size), rel=1e-5)
-  stacked = jax.tree.map(lambda *x: jnp.stack(x), uniform, params)  # an ensemble of two
-  e = lm.perplexity(CFG, stacked, tokens, mask, batch=2)
-  assert e["ppl_token"].shape == (2,)
-  assert e["ppl_token"][0] == pytest.approx(CFG.vocab_size, rel=1e-5)
-  single = lm.perplexity(CFG, params, tokens, mask, 2)
-  assert e["ppl_token"][1] == pytest.approx(single["ppl_token"], rel=1e-5)
-  one = lm.perplexity(CFG, stacked, tokens, mask, batch=2, members=[1])  # a sub-ensemble
-  assert one["ppl_token"].shape == (1,) and one["ppl_token"][0] == pytest.approx(e["ppl_token"][1])
-
-
-def test_perplexity_respects_loss_mask(params):
-  tokens = rows(seed=1)
-  mask = (np.random.default_rng(2).random((5, 12)) < 0.5).astype(np.float32)
-  logits, _ = _apply(CFG, params, jnp.asarray(tokens[:, :-1]))
-  logp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
-  nll = -np.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-  want = (nll * mask).sum()
-  for batch in (2, 5, 64):  # padding of the last batch changes nothing
-    r = lm.perplexity(CFG, params, tokens, mask, batch)
-    assert r["tokens"] == mask.sum() and r["nll_sum"] == pytest.approx(want, rel=1e-5)
-  assert r["ppl_token"] == pytest.approx(np.exp(want / mask.sum()), rel=1e-5)
-  with pytest.raises(ValueError, match="loss_mask"):
-    lm.perplexity(CFG, params, tokens, mask[:, 1:], 2)
-
-
-# --------------------------------------------------------------------------------- sampling
-
-
-def test_sample_greedy_matches_greedy_decode(params):
-  prompts = rows(n=3, t=5, seed=3)
-  got = lm.sample(CFG, params, prompts, max_new=7, temperature=0.0)
-  want = eval_lib.ensemble_decode(CFG, jax.tree.map(lambda x: x[None], params), prompts[None],
-                                  np.full((1, 3), 5), max_new=7, min_prompt=5)[0]
-  np.testing.assert_array_equal(got, np.asarray(want))
-  # Repeated full forward passes (no cache), argmax at the last real position; the buffer is
-  # padded to a fixed length, which causal attention ignores.
-  buf = np.zeros((3, 12), np.int32)
-  buf[:, :5] = prompts
-  for t in range(5, 12):
-    logits, _ = _apply(CFG, params, jnp.asarray(buf))
-    buf[:, t] = np.argmax(np.asarray(logits[:, t - 1]), axis=-1)
-  np.testing.assert_array_equal(got, buf)
-  np.testing.assert_array_equal(lm.sample(CFG, params, prompts, max_new=7, temperature=1.0,
-                                          top_k=1, rng=5), buf)  # top-1 is greedy too
-
-
-def test_sample_top_k_and_rng(params):
-  prompt = rows(n=3, t=5, seed=4)  # the shapes of the test above: no new compile
-  a = lm.sample(CFG, params, prompt, max_new=7, temperature=5.0, top_k=3, rng=jax.random.key(1))
-  b = lm.sample(CFG, params, prompt, max_new=7, temperature=5.0, top_k=3, rng=jax.random.key(1))
-  c = lm.sample(CFG, params, prompt, max_new=7, temperature=5.0, top_k=3, rng=jax.random.key(2))
-  np.testing.assert_array_equal(a, b)
-  assert a.shape == (3, 12) and (a[:, :5] == prompt).all() and not (a == c).all()
-  # Every new token is among the 3 most likely ones given what precedes it.
-  logits, _ = _apply(CFG, params, jnp.asarray(a))
-  top3 = np.argsort(np.asarray(logits), axis=-1)[:, 4:-1, -3:]
-  assert (top3 == a[:, 5:, None]).any(-1).all()
-  with pytest.raises(ValueError, match="block_size"):
-    lm.sample(CFG, params, prompt, max_new=CFG.block_size)
 
 
 # ---------------------------------------------------------------------------- experiment

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from benchmarks import torch_gpt  # noqa: E402  (needs torch)
-from xlt import evaluate, model  # noqa: E402
+from xlt import ensemble_decode, model  # noqa: E402
 from xlt import train as train_lib  # noqa: E402
 
 
@@ -62,7 +62,7 @@ def test_greedy_decode_matches_xlt_token_for_token(pos_embedding):
   net = torch_gpt.load_xlt_params(torch_gpt.GPT(torch_gpt.Config(**dataclasses.asdict(cfg))), params)
   prompts = _tokens((6, 7), cfg.vocab_size, seed=4)
   lens = np.array([7, 5, 7, 6, 5, 7], np.int32)  # rows longer than min_prompt copy their prompt
-  want = np.asarray(evaluate.greedy_decode(cfg, params, prompts, lens, max_new=12, min_prompt=5))
+  want = np.asarray(ensemble_decode.greedy_decode(cfg, params, prompts, lens, max_new=12, min_prompt=5))
   got = torch_gpt.greedy_decode(net, torch.from_numpy(prompts).long(), torch.from_numpy(lens).long(),
                                 max_new=12, min_prompt=5).numpy()
   assert len(set(want[:, 7:].ravel().tolist())) > 3  # a real continuation, not one repeated token

@@ -1,6 +1,12 @@
-"""Scoring and greedy decoding of one loaded model (xlt.pretrained.load: params without an
-ensemble axis) on left-padded batches, on one device or sharded over a mesh like training's
-(xlt.sharding: rows over `data` x `fsdp`, heads / MLP / vocabulary over `tensor`).
+"""Scoring, greedy decoding and sampling of one model (xlt.pretrained.load's, or any params
+without an ensemble axis) on left-padded batches, on one device or sharded over a mesh like
+training's (xlt.sharding: rows over `data` x `fsdp`, heads / MLP / vocabulary over `tensor`).
+
+Which module for what: this one for one model's tokens (lm-eval's requests, xlt.generate's
+continuations, an experiment's samples); xlt.perplexity for the perplexity of packed rows (one
+model or an ensemble); xlt.ensemble_decode for an ensemble's answers to a task's evaluation sets
+and their scores (the experiments' exact match); xlt.generate for the command line over a Hugging
+Face model directory.
 
   mesh = decode.make_mesh("data=4,tensor=2")           # None: one device
   cfg, params = pretrained.load(DIR, mesh=mesh)         # or decode.place(cfg, params, mesh)
@@ -24,6 +30,10 @@ function `stop(row, ids)` may end rows too (stop *strings*, which only the decod
 lm-eval's `until`); `stopped[r]` is the stop id a row wrote, "stop" for a row `stop` ended, or
 None when it ran out of `max_new` tokens. Greedy tokens are argmaxes, so a sharded run writes
 the same ids as the one-device run (tests/test_decode.py) unless two logits tie to rounding.
+
+`sample` continues prompts of one length with temperature / top-k sampling (temperature 0 =
+greedy), one jitted function: a prefill of the prompt into the KV cache, then `lax.scan` over
+new tokens; temperature and top_k are traced, so changing them does not recompile.
 """
 
 from __future__ import annotations
@@ -250,3 +260,61 @@ def _cut(ids: list[int], stop_ids) -> list[int]:
     if t in stop_ids:
       return ids[:k]
   return ids
+
+
+# ------------------------------------------------------------------------------------ sampling
+
+def _pick(logits_BxV, key, temperature, top_k, greedy: bool):
+  if greedy:
+    return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+  logits_BxV = logits_BxV / temperature
+  # k-th largest logit by a sort, so k is traced (one compile for every top_k); 0 = no cut.
+  sorted_BxV = jnp.sort(logits_BxV, axis=-1)
+  kth_Bx1 = sorted_BxV[:, jnp.maximum(logits_BxV.shape[-1] - top_k, 0)][:, None]
+  logits_BxV = jnp.where((top_k > 0) & (logits_BxV < kth_Bx1), -jnp.inf, logits_BxV)
+  return jax.random.categorical(key, logits_BxV, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "greedy"))
+def _sample(cfg, params, prompt_BxP, rng, temperature, top_k, *, max_new, greedy):
+  b, p = prompt_BxP.shape
+  cache = model_lib.init_cache(cfg, b, p + max_new)
+  logits_BxPxV, cache = model_lib.apply(cfg, params, prompt_BxP, cache, 0)
+  keys = jax.random.split(rng, max_new)
+  pick = lambda logits_BxV, key: _pick(logits_BxV, key, temperature, top_k, greedy)
+  first_B = pick(logits_BxPxV[:, -1], keys[0])
+
+  def body(carry, xs):
+    cache, tok_B = carry
+    i, key = xs
+    logits_Bx1xV, cache = model_lib.apply(cfg, params, tok_B[:, None], cache, p + i)
+    return (cache, pick(logits_Bx1xV[:, 0], key)), tok_B
+
+  # The last new token needs no forward pass of its own.
+  (_, last_B), toks_NxB = jax.lax.scan(body, (cache, first_B),
+                                       (jnp.arange(max_new - 1), keys[1:]))
+  return jnp.concatenate([prompt_BxP, toks_NxB.T, last_B[:, None]], axis=1)
+
+
+def sample(cfg: model_lib.Config, params, prompt_ids, *, max_new: int, temperature: float = 1.0,
+           top_k: int = 0, rng=None):
+  """Prompts [B, P] (or one prompt [P]) followed by `max_new` sampled tokens: [B, P + max_new].
+
+  One model's params (slice an ensemble first). temperature 0 is greedy (argmax; rng unused);
+  top_k > 0 samples among the k most likely tokens. Prompts in one call share a length.
+  """
+  prompt = np.asarray(prompt_ids, np.int32)
+  single = prompt.ndim == 1
+  prompt = prompt[None] if single else prompt
+  if prompt.ndim != 2 or prompt.shape[1] == 0:
+    raise ValueError(f"prompt_ids must be [P] or [B, P] with P > 0, got shape {prompt.shape}")
+  if max_new < 1 or prompt.shape[1] + max_new > cfg.block_size:
+    raise ValueError(f"prompt {prompt.shape[1]} + max_new {max_new} must be in "
+                     f"(prompt, block_size={cfg.block_size}]")
+  if top_k < 0 or top_k > cfg.vocab_size or temperature < 0:
+    raise ValueError(f"need temperature >= 0 and 0 <= top_k <= vocab, got {temperature}, {top_k}")
+  rng = jax.random.key(0 if rng is None else rng) if rng is None or isinstance(rng, int) else rng
+  greedy = temperature == 0
+  out = _sample(cfg, params, prompt, rng, np.float32(1.0 if greedy else temperature),
+                np.int32(top_k), max_new=int(max_new), greedy=bool(greedy))
+  return np.asarray(out[0] if single else out)

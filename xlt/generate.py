@@ -30,7 +30,8 @@ the last row is not scored. Prints and writes {"nll_sum", "tokens", "ppl_token"}
 
 From Python: `greedy_ids(cfg, params, prompt_ids, ..., mesh=None)`, `decode(cfg, params,
 tokenizer, prompts, ...)`, `final_number(text)`, `perplexity(cfg, params, tokenizer, text, ...)`;
-the batched scoring and decoding under them: xlt.decode. --mesh (e.g. data=4,tensor=2) lays the
+the batched scoring and decoding under them: xlt.decode and xlt.perplexity (xlt.ensemble_decode
+is the experiments' decoding of an ensemble's answers, not used here). --mesh (e.g. data=4,tensor=2) lays the
 model out over the devices as training does and splits the prompts over the data axes.
 
 A user error (a missing file, a bad JSON line, named by its number; a prompt longer than the
@@ -49,7 +50,7 @@ import numpy as np
 
 from xlt import decode as decode_lib
 from xlt import hf_tokenizer
-from xlt import lm
+from xlt import perplexity as perplexity_lib
 from xlt import sharding
 from xlt.data import sft
 from xlt.io import fileio
@@ -161,7 +162,7 @@ def perplexity(cfg, params, tokenizer, text: str, *, block: int | None = None, b
   rows of `block` targets (default: the model's block_size, at most 2048)."""
   block = min(block or 2048, cfg.block_size)
   tokens, mask = packed_rows(tokenizer.encode(text), block)
-  return lm.perplexity(cfg, params, tokens, mask, batch, ensemble=False)
+  return perplexity_lib.perplexity(cfg, params, tokens, mask, batch, ensemble=False)
 
 
 # ------------------------------------------------------------------------------ command line

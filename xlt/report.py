@@ -45,9 +45,7 @@ _BESIDE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = _BESIDE if os.path.isdir(os.path.join(_BESIDE, "results")) else os.getcwd()
 RESULTS_DIR = os.path.join(ROOT, "results")
 DOC = os.path.join(ROOT, "docs", "results.md")
-# the headline metric of each task (a row's `task`), and the metrics that are fractions (shown in %)
-METRIC = {"graph": "valid", "addition": "exact_match", "text": "ppl_token", "arithmetic": "exact_match",
-          "arithmetic_regimes": "exact_match"}
+# the metrics that are fractions (shown in %); each task's headline metric is its kind's declaration
 FRACTIONS = ("valid", "shortest", "exact_match", "any_script")
 BASELINES = ("alone", "low_limited")  # the condition a mixed figure is compared with
 MEASURED = ("commit", "date", "machine", "wall_time")
@@ -380,20 +378,30 @@ def _headline(measurements: list[dict]) -> str:
   return "; ".join(parts) + "."
 
 
+def declaration(task: str):
+  """The declaration (xlt.experiments.common.Kind) of the kind that runs `task`: its headline
+  metric and how its rows are read. Imported here, not at the top: render and check stay light."""
+  from xlt import experiments
+
+  try:
+    return experiments.kind(task).KIND
+  except ValueError as e:
+    raise UserError(str(e)) from e
+
+
 def collect(workdir: str, config: str, name: str, command: str | None = None, metric: str | None = None,
             results_dir: str = RESULTS_DIR, commit: str | None = None, date: str | None = None,
             where: str | None = None) -> dict:
   """results/<name>.json from a finished workdir (see the module docstring); returns it."""
   rows, summaries = read_workdir(workdir)
   task = rows[0]["task"]
-  metric = metric or METRIC.get(task)
+  declared = declaration(task)
+  metric = metric or declared.tasks[task]
   if metric is None or not any(r["metric"] == metric for r in rows):
     raise UserError(f"{workdir}: no rows of metric {metric!r} (its metrics: {sorted({r['metric'] for r in rows})})")
   scale = 100 if metric in FRACTIONS else 1
-  if task in ("arithmetic", "arithmetic_regimes"):
-    new = _regimes(rows) if "regime" in rows[0] else _testbed(rows)
-  else:
-    new = _transfer(rows, metric, scale)
+  new = {"transfer": lambda: _transfer(rows, metric, scale), "testbed": lambda: _testbed(rows),
+         "regimes": lambda: _regimes(rows)}[declared.measurements]()
   path = os.path.join(results_dir, f"{name}.json")
   old = _read_json(path, "results file") if os.path.isfile(path) else {}
   old_by_key = {m.get("key"): m for m in old.get("measurements", [])}

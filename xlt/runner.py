@@ -3,7 +3,8 @@ of `c.task` (xlt.experiments) prepare its data, trains its stages, has it test t
 writes the outputs that mark the workdir finished. main.py, grid.py, the tests, the notebooks
 and the benchmarks all start experiments here.
 
-A kind is a module of xlt.experiments with three functions; the runner calls them in order
+A kind is a module of xlt.experiments that declares the tasks it runs (`KIND`, a common.Kind;
+xlt.experiments.kinds() finds it by that) and has three functions; the runner calls them in order
 and owns everything between them (the workdir, training and selection, timing, the files):
 
   prepare(c, workdir) -> prep
@@ -19,15 +20,7 @@ and owns everything between them (the workdir, training and selection, timing, t
       Tests the trained parameters, writes the kind's own files (predictions, plots,
       samples) and returns the results rows, table.md's text and summary.json's dict.
 
-Kinds:
-  graph, addition  xlt.experiments.synthetic  language mixing on the synthetic tasks (Tables 2, 3)
-  text             xlt.experiments.text       language modelling, perplexity (Table 4)
-  arithmetic       xlt.experiments.testbed    the merge testbed: base -> experts -> merges -> scores
-  arithmetic_regimes  xlt.experiments.testbed_regimes  the testbed per fine-tuning regime: the regime map
-  finetune         xlt.experiments.finetune   the recipes on a Hugging Face model: experts, partitions,
-                                              LoRA, merges, each written as a Hugging Face directory
-  pretrain_hf      xlt.experiments.pretrain_hf  a small Llama-shaped base on xlt's own data, written
-                                              as a Hugging Face directory (a base with no download)
+The kinds and their tasks: xlt.experiments' docstring.
 
 A finished workdir (it holds results.json) returns its rows without training or testing; an
 unfinished one resumes every stage from its checkpoints, so a killed run started again with

@@ -44,7 +44,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from xlt import evaluate as eval_lib
+from xlt import ensemble_decode
 from xlt import model as model_lib
 from xlt import results as results_lib
 
@@ -127,7 +127,7 @@ def swap_curve(cfg, task, sets: dict[str, list[str]], seeds_models: list[tuple],
   for task_expert, language_expert in seeds_models:
     models = [swap_block(task_expert, language_expert, i) for i in range(cfg.num_layers)]
     stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *models)
-    scored = eval_lib.score_members(cfg, stacked, task, eval_sets, [names] * len(models), batch)
+    scored = ensemble_decode.score_members(cfg, stacked, task, eval_sets, [names] * len(models), batch)
     for r in roles:
       out[r].append([float(np.mean([s[n]["exact_match"] for n in sets[r]])) for s in scored])
   return out
@@ -249,7 +249,7 @@ def _members(npz_path: str, like, ids) -> list:
 def load_run(workdir: str, stage: str):
   """(config, testbed.Prep, per seed (base, task expert, language expert)) of a finished
   testbed or regime-map run; `stage` is its fine-tune stage (finetune, finetune_r<i>)."""
-  from xlt.experiments import testbed  # the testbed's own reading of its config and data
+  from xlt.experiments.testbed import experiment as testbed  # the testbed's own reading of its config and data
 
   path = os.path.join(workdir, "config.json")
   if not os.path.isfile(path):

@@ -1,6 +1,8 @@
-"""What an experiment kind hands the runner (xlt.runner, whose docstring describes the
-interface): the ensembles it trains (`Stage`) and what the runner hands back (`Trained`), and
-the seeds of a condition, which every kind plans its members with.
+"""What an experiment kind declares of itself (`Kind`: the config tasks it runs, its headline
+metric, how xlt.report reads its rows), hands the runner (xlt.runner, whose docstring describes
+the interface): the ensembles it trains (`Stage`) and what the runner hands back (`Trained`);
+the seeds of a condition, which every kind plans its members with; and the helpers every kind
+builds its stages with (`loop_config`, `stack`, `member`).
 
 The kinds import this module, never xlt.runner, so the runner can import the kinds.
 """
@@ -11,12 +13,39 @@ import dataclasses
 import json
 from typing import Any, Callable, Sequence
 
+import jax
 import ml_collections
 import numpy as np
 from flax import traverse_util
 
+from xlt import distributed
+from xlt import ensemble as ensemble_lib
 from xlt import loop as loop_lib
 from xlt import model as model_lib
+
+# how xlt.report.collect turns a kind's rows into measurements: "transfer" (per role and language,
+# the baseline -> mixed pair and one per other condition), "testbed" (one per model, its goal
+# score first, the other sets after), "regimes" (the testbed's, per fine-tuning regime)
+MEASUREMENTS = ("transfer", "testbed", "regimes")
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+  """What a kind module declares as its module-level `KIND`, read by xlt.experiments (which
+  module runs a config's `task`) and xlt.report (the headline metric, how to read the rows).
+
+  `tasks`: {config task (`c.task`): its headline metric (a row's `metric`) in results/, or None
+  when the kind's results are not recorded there}. `measurements`: one of MEASUREMENTS."""
+
+  tasks: dict[str, str | None]
+  measurements: str = "transfer"
+
+  def __post_init__(self):
+    if not self.tasks:
+      raise ValueError("a kind runs at least one task")
+    if self.measurements not in MEASUREMENTS:
+      raise ValueError(f"measurements {self.measurements!r}: one of {MEASUREMENTS}")
+
 
 # val_score(stacked params of the members `ids`, ids) -> one score per member, higher is better
 ValScore = Callable[[Any, np.ndarray], Sequence[float]]
@@ -78,3 +107,22 @@ def condition_seeds(c, cond: str) -> list[int]:
   if n < 1:
     raise ValueError(f"condition {cond!r} needs >= 1 seed, got {n} (num_seeds / seeds_per_condition)")
   return list(range(c.seed, c.seed + n))
+
+
+def loop_config(c, train, opt) -> ml_collections.ConfigDict:
+  """The loop's view of one stage (`Stage.config`): its `train` and `opt`, and the experiment's
+  mesh and sharding rules."""
+  s = ml_collections.ConfigDict({"train": train.to_dict(), "opt": opt.to_dict(), "mesh": c.mesh.to_dict()})
+  if c.get("sharding_rules"):
+    s.sharding_rules = c.sharding_rules
+  return s
+
+
+def stack(trees):
+  """Parameter trees (one per member) stacked on a leading member axis, as numpy arrays."""
+  return jax.tree.map(lambda *xs: np.stack(xs), *distributed.to_host(trees))
+
+
+def member(stacked, i: int):
+  """Member `i` of stacked parameters, as numpy arrays (gathered from every process)."""
+  return distributed.to_host(ensemble_lib.take(stacked, i))

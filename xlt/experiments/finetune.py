@@ -39,9 +39,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from xlt import composite, hf_tokenizer, lm, memory, merge, partition, pretrained, sharding
-from xlt import ensemble as ensemble_lib
+from xlt import composite, hf_tokenizer, memory, merge, partition, pretrained, sharding
 from xlt import generate as generate_lib
+from xlt import perplexity as perplexity_lib
 from xlt import loop as loop_lib
 from xlt import model as model_lib
 from xlt import results as results_lib
@@ -49,8 +49,13 @@ from xlt import train as train_lib
 from xlt.data import sft
 from xlt.eval import scores as eval_scores
 from xlt.experiments import common as kind_lib
-from xlt.experiments import finetune_peft, testbed_peft, testbed_plan
-from xlt.experiments.testbed_plan import ALL, Recipe
+from xlt.experiments import finetune_peft
+from xlt.experiments import recipes as recipe_lib
+from xlt.experiments.recipes import ALL, Recipe
+from xlt.experiments.testbed import peft as testbed_peft
+
+# what this kind runs: its config task (no headline metric: its results are not recorded in results/)
+KIND = kind_lib.Kind(tasks={"finetune": None})
 
 DATASETS = ("task", "language")
 # the merge registry's inputs the experiment has: the two full experts and the base
@@ -64,15 +69,15 @@ def partitions(c) -> list[str]:
 
 
 def plan(c) -> list[Recipe]:
-  """The trained recipes (testbed_plan.recipes): the two full experts, the partial experts of
+  """The trained recipes (recipes.recipes): the two full experts, the partial experts of
   each partition, the simultaneous alternations (per partition and switch interval), and with
   `c.lora.enabled` the same in LoRA ("LoRA task expert", "partial LoRA task expert [C]",
   "simultaneous LoRA [C] k=1") over `c.lora.presets` and `c.lora.simultaneous_presets`. A
   recipe's `variant` is "full" or "lora" (adapters on the projections instead of the weights:
   those of the phase's label only, when it names one)."""
-  out = testbed_plan.recipes(partitions(c), c.simultaneous.presets, c.simultaneous.steps_per_switch)
+  out = recipe_lib.recipes(partitions(c), c.simultaneous.presets, c.simultaneous.steps_per_switch)
   if c.lora.enabled:
-    out += testbed_plan.recipes(c.lora.presets, c.lora.simultaneous_presets, c.lora.steps_per_switch, "lora",
+    out += recipe_lib.recipes(c.lora.presets, c.lora.simultaneous_presets, c.lora.steps_per_switch, "lora",
                                 "LoRA ")
   return out
 
@@ -250,21 +255,6 @@ def _memory(c, cfg, shapes, recipes) -> dict:
 # --------------------------------------------------------------------------- stages
 
 
-def _loop_config(c, train, opt) -> ml_collections.ConfigDict:
-  s = ml_collections.ConfigDict({"train": train.to_dict(), "opt": opt.to_dict(), "mesh": c.mesh.to_dict()})
-  if c.get("sharding_rules"):
-    s.sharding_rules = c.sharding_rules
-  return s
-
-
-def _stack(trees):
-  return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
-
-
-def _member(stacked, i):
-  return jax.tree.map(np.asarray, ensemble_lib.take(stacked, i))
-
-
 def val_score(c, prep: Prep, member_sets: list[tuple[str, ...]], plain=None) -> kind_lib.ValScore:
   """Early stopping: minus a member's mean validation loss over its datasets (`member_sets`,
   by member). `plain` turns a stage's params into plain model parameters first (LoRA)."""
@@ -277,7 +267,8 @@ def val_score(c, prep: Prep, member_sets: list[tuple[str, ...]], plain=None) -> 
       if not ks:
         continue
       v = prep.data[name].val
-      r = lm.perplexity(prep.cfg, params, v["tokens"], v["loss_mask"], c.eval.batch_size, ensemble=True, members=ks)
+      r = perplexity_lib.perplexity(prep.cfg, params, v["tokens"], v["loss_mask"], c.eval.batch_size, ensemble=True,
+                                    members=ks)
       for k, nll, n in zip(ks, r["nll_sum"], r["tokens"]):
         loss[k] += nll / n / len(member_sets[ids[k]])
     return list(-loss)
@@ -299,12 +290,12 @@ def stages(c, prep: Prep, trained: dict):
   peft_val = lambda member_sets: val_score(c, prep, member_sets, plain=testbed_peft.plain)
   if lora_recipes := [r for r in prep.recipes if r.variant == "lora"]:
     yield finetune_peft.lora_stage(c, prep, lora_recipes, lambda what: _flags(prep, c, what), peft_val,
-                                   _loop_config(c, c.lora.train, c.lora.opt))
+                                   kind_lib.loop_config(c, c.lora.train, c.lora.opt))
   if c.neurons.enabled:
     n = c.neurons
-    yield finetune_peft.neuron_short_stage(c, prep, _loop_config(c, n.short.train, n.short.opt))
+    yield finetune_peft.neuron_short_stage(c, prep, kind_lib.loop_config(c, n.short.train, n.short.opt))
     yield finetune_peft.neuron_stage(c, prep, trained["neuron_short"].params, peft_val,
-                                     _loop_config(c, c.train, c.opt))
+                                     kind_lib.loop_config(c, c.train, c.opt))
 
 
 def static_frozen(c, prep: Prep, recipes: list[Recipe]):
@@ -345,7 +336,8 @@ def _weights_stage(c, prep: Prep, recipes: list[Recipe], name: str) -> kind_lib.
   together = f"{len(recipes)} models trained together, " if len(recipes) > 1 else ""
   print(f"finetune: stage {name}: {together}" + "; ".join(describe(r) for r in recipes), flush=True)
   return kind_lib.Stage(name, prep.cfg, members, val_score(c, prep, [r.val for r in recipes]),
-                        config=_loop_config(c, c.train, c.opt), init_params=_stack([prep.base] * len(recipes)),
+                        config=kind_lib.loop_config(c, c.train, c.opt),
+                        init_params=kind_lib.stack([prep.base] * len(recipes)),
                         tx=tx, info={"recipes": [r.name for r in recipes], "step": step})
 
 
@@ -362,7 +354,7 @@ def models(c, prep: Prep, trained: dict) -> dict:
       out.update(finetune_peft.lora_models(c, prep, t))
       continue
     for k, name in enumerate(t.stage.info.get("recipes", ())):  # (none: the neurons' short runs)
-      out[name] = jax.tree.map(np.asarray, composite.merged(_member(t.params, k)))
+      out[name] = jax.tree.map(np.asarray, composite.merged(kind_lib.member(t.params, k)))
   task, lang = out["task expert"], out["language expert"]
   for p in partitions(c):
     # each partial expert changed only its own label, so taking each label from its expert
@@ -382,7 +374,7 @@ def _val_losses(c, prep: Prep, params) -> dict:
   out = {}
   for name in DATASETS:
     v = prep.data[name].val
-    r = lm.perplexity(prep.cfg, params, v["tokens"], v["loss_mask"], c.eval.batch_size, ensemble=False)
+    r = perplexity_lib.perplexity(prep.cfg, params, v["tokens"], v["loss_mask"], c.eval.batch_size, ensemble=False)
     out[name] = r["nll_sum"] / r["tokens"]
   return out
 

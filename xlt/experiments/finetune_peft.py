@@ -29,14 +29,13 @@ config) as arguments, so this module does not import it.
 from __future__ import annotations
 
 import jax
-import numpy as np
 
-from xlt import ensemble as ensemble_lib
 from xlt import loop as loop_lib
 from xlt import lora, merge, neurons, partition
 from xlt import train as train_lib
 from xlt.experiments import common as kind_lib
-from xlt.experiments import testbed_peft, testbed_plan
+from xlt.experiments import recipes as recipe_lib
+from xlt.experiments.testbed import peft as testbed_peft
 
 DATASETS = ("task", "language")
 
@@ -51,20 +50,12 @@ def check(c, num_layers: int, partitions: list[str]):
         raise ValueError(f"lora.{field} {unknown} are not partitions of the config ({partitions})")
     if not c.lora.steps_per_switch or min(c.lora.steps_per_switch) < 1:
       raise ValueError(f"lora.steps_per_switch must be positive, got {c.lora.steps_per_switch}")
-    for b, u, t in testbed_plan.swaps(c.lora.swaps, "lora.swaps"):
+    for b, u, t in recipe_lib.swaps(c.lora.swaps, "lora.swaps"):
       merge.swap_plan(num_layers, b, u, t, t)
   if c.neurons.enabled:
     merge.core.check_range("neurons.key_ratio", c.neurons.key_ratio, 0.0, 1.0, low_open=True)
     if not c.neurons.experts or any(d not in DATASETS for d in c.neurons.experts):
       raise ValueError(f"neurons.experts must name datasets among {list(DATASETS)}, got {list(c.neurons.experts)}")
-
-
-def _stack(trees):
-  return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
-
-
-def _member(stacked, i):
-  return jax.tree.map(np.asarray, ensemble_lib.take(stacked, i))
 
 
 def lora_stage(c, prep, recipes, flags, val_score, config) -> kind_lib.Stage:
@@ -95,14 +86,15 @@ def lora_stage(c, prep, recipes, flags, val_score, config) -> kind_lib.Stage:
         f"({lora.num_params(adapters0):,} parameters per model) on the base's attention and MLP projections, the "
         f"base frozen: {', '.join(r.name for r in recipes)}", flush=True)
   return kind_lib.Stage("lora", prep.cfg, members, val_score([r.val for r in recipes]), config=config,
-                        init_params=_stack(init), tx=tx, info={"recipes": [r.name for r in recipes], "lora": True})
+                        init_params=kind_lib.stack(init), tx=tx,
+                        info={"recipes": [r.name for r in recipes], "lora": True})
 
 
 def lora_models(c, prep, trained) -> dict:
   """The trained LoRA stage's models, merged into the base: each recipe, LoRA freeze-then-train
   per `c.lora.presets` and the LoRA layer swaps (testbed_peft.compose_lora)."""
   adapters = trained.params["lora"]
-  by_name = {name: _member(adapters, k) for k, name in enumerate(trained.stage.info["recipes"])}
+  by_name = {name: kind_lib.member(adapters, k) for k, name in enumerate(trained.stage.info["recipes"])}
   return testbed_peft.compose_lora(c, prep.base, by_name)
 
 
@@ -112,7 +104,7 @@ def neuron_short_stage(c, prep, config) -> kind_lib.Stage:
   members = [loop_lib.Member(f"neuron short run {d}", c.seed + 4000 + i, prep.data[d].train)
              for i, d in enumerate(c.neurons.experts)]
   return kind_lib.Stage("neuron_short", prep.cfg, members, None, config=config,
-                        init_params=_stack([prep.base] * len(members)))
+                        init_params=kind_lib.stack([prep.base] * len(members)))
 
 
 def neuron_stage(c, prep, ran, val_score, config) -> kind_lib.Stage:
@@ -120,12 +112,12 @@ def neuron_stage(c, prep, ran, val_score, config) -> kind_lib.Stage:
   its short run (`ran`, stacked), then the base fine-tuned on those rows only
   (neurons.masked over xlt's optimizer)."""
   names = [f"neuron {d} expert" for d in c.neurons.experts]
-  masks = [neurons.locate(_member(ran, i), prep.base, c.neurons.key_ratio) for i in range(len(names))]
+  masks = [neurons.locate(kind_lib.member(ran, i), prep.base, c.neurons.key_ratio) for i in range(len(names))]
   init = [neurons.composite(prep.base, m) for m in masks]
   members = [loop_lib.Member(n, c.seed + 5000 + i, prep.data[d].train)
              for i, (n, d) in enumerate(zip(names, c.neurons.experts))]
   for n, one in zip(names, init):
     print(f"finetune: {n}: key neurons {neurons.describe(one[neurons.MASK_KEY])}", flush=True)
   return kind_lib.Stage("neurons", prep.cfg, members, val_score([(d,) for d in c.neurons.experts]), config=config,
-                        init_params=_stack(init), tx=neurons.masked(train_lib.make_optimizer(config.opt)),
+                        init_params=kind_lib.stack(init), tx=neurons.masked(train_lib.make_optimizer(config.opt)),
                         info={"recipes": names, "neurons": True})

@@ -38,7 +38,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from xlt import hf_tokenizer, lm, pretrained
+from xlt import hf_tokenizer, pretrained
+from xlt import perplexity as perplexity_lib
 from xlt import generate as generate_lib
 from xlt import loop as loop_lib
 from xlt import model as model_lib
@@ -46,6 +47,9 @@ from xlt import results as results_lib
 from xlt.data import addition, arithmetic, sft
 from xlt.experiments import common as kind_lib
 from xlt.io import fileio
+
+# what this kind runs: its config task (no headline metric: its results are not recorded in results/)
+KIND = kind_lib.Kind(tasks={"pretrain_hf": None})
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
@@ -189,8 +193,8 @@ def stages(c, prep: Prep, trained: dict):
   val = prep.data.val
 
   def score(params, ids):
-    r = lm.perplexity(prep.cfg, params, val["tokens"], val["loss_mask"], c.eval.batch_size, ensemble=True,
-                      members=list(range(len(ids))))
+    r = perplexity_lib.perplexity(prep.cfg, params, val["tokens"], val["loss_mask"], c.eval.batch_size, ensemble=True,
+                                  members=list(range(len(ids))))
     return [-float(nll / n) for nll, n in zip(r["nll_sum"], r["tokens"])]
 
   member = loop_lib.Member(f"base/seed_{c.seed}", c.seed, prep.data.train)

@@ -21,12 +21,15 @@ import os
 import jax
 import numpy as np
 
-from xlt import evaluate as eval_lib
+from xlt import ensemble_decode
 from xlt import loop as loop_lib
 from xlt import model as model_lib
 from xlt import results as results_lib
 from xlt.data import addition, common, graph
 from xlt.experiments import common as kind_lib
+
+# what this kind runs (config tasks, each with its headline metric) and how xlt.report reads its rows
+KIND = kind_lib.Kind(tasks={"graph": "valid", "addition": "exact_match"}, measurements="transfer")
 
 TASKS = {"graph": graph, "addition": addition}
 CONDITIONS = ("target_alone", "source_alone", "mixed")
@@ -125,7 +128,7 @@ def stages(c, prep: Prep, trained: dict):
 
   def val_score(params, ids):  # early stopping: mean headline metric over the member's languages
     langs = [member_langs[i] for i in ids]
-    scored = eval_lib.score_members(cfg, params, task, task.val, langs, c.eval.batch_size)
+    scored = ensemble_decode.score_members(cfg, params, task, task.val, langs, c.eval.batch_size)
     return [np.mean([s[l][task.val[l].metric] for l in ls]) for s, ls in zip(scored, langs)]
 
   yield kind_lib.Stage("ensemble", cfg, members, val_score, subdir="")
@@ -138,7 +141,7 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
   params, out, members = done.params, done.out, done.stage.members
   task, cells = prep.task, prep.cells
   predictions = []
-  test = eval_lib.score_members(prep.cfg, params, task, task.test, [cell.languages for cell in cells],
+  test = ensemble_decode.score_members(prep.cfg, params, task, task.test, [cell.languages for cell in cells],
                                 c.eval.batch_size, predictions)
   results_lib.write_predictions(os.path.join(workdir, "predictions.jsonl"), predictions,
                                 [m.name for m in members])

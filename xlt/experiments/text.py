@@ -56,7 +56,8 @@ import jax
 import numpy as np
 import sentencepiece as spm
 
-from xlt import distributed, lm
+from xlt import decode, distributed
+from xlt import perplexity as perplexity_lib
 from xlt import loop as loop_lib
 from xlt import model as model_lib
 from xlt import results as results_lib
@@ -64,6 +65,9 @@ from xlt.data import corpus
 from xlt.data import packing
 from xlt.data import spm_tokenizer
 from xlt.experiments import common as kind_lib
+
+# what this kind runs (config tasks, each with its headline metric) and how xlt.report reads its rows
+KIND = kind_lib.Kind(tasks={"text": "ppl_token"}, measurements="transfer")
 
 CONDITIONS = ("high_only", "low_limited", "low_full", "mixed")
 ROLES = ("high", "low")
@@ -193,8 +197,8 @@ def write_samples(path, c, cfg, params, sp, names, member_ids, prompts, specs):
         if max_new < 1:
           continue
         rng, key = jax.random.split(rng)
-        toks = lm.sample(cfg, one, np.asarray([encoded[k] for k in ks]), max_new=max_new,
-                         temperature=s.temperature, top_k=s.top_k, rng=key)
+        toks = decode.sample(cfg, one, np.asarray([encoded[k] for k in ks]), max_new=max_new,
+                             temperature=s.temperature, top_k=s.top_k, rng=key)
         for k, row in zip(ks, toks):
           gen = row[plen:].tolist()
           gen = gen[: gen.index(sp.eos_id())] if sp.eos_id() in gen else gen
@@ -371,9 +375,9 @@ def stages(c, prep: Prep, trained: dict):
     for role in ROLES:
       idx = np.asarray([j for j, i in enumerate(ids) if targets[i] == role])
       if idx.size:
-        r = lm.perplexity(cfg, params, task.val[role]["tokens"], task.val[role]["loss_mask"],
-                          eval_batch, ensemble=True,
-                          members=None if idx.size == len(ids) else idx)
+        r = perplexity_lib.perplexity(cfg, params, task.val[role]["tokens"], task.val[role]["loss_mask"],
+                                      eval_batch, ensemble=True,
+                                      members=None if idx.size == len(ids) else idx)
         scores[idx] = -r["nll_sum"] / r["tokens"]
     return scores
 
@@ -411,8 +415,8 @@ def _test_rows(c, prep: Prep, params, out) -> list[dict]:
   task, specs = prep.task, prep.task.specs
   scored = {}
   for role in ROLES:
-    r = lm.perplexity(prep.cfg, params, task.test[role]["tokens"], task.test[role]["loss_mask"],
-                      int(c.eval.batch_size), ensemble=True)
+    r = perplexity_lib.perplexity(prep.cfg, params, task.test[role]["tokens"], task.test[role]["loss_mask"],
+                                  int(c.eval.batch_size), ensemble=True)
     st = task.test_stats[role]
     scored[role] = {"ppl_token": r["ppl_token"], "ppl_char": np.exp(r["nll_sum"] / st.chars),
                     "ppl_byte": np.exp(r["nll_sum"] / st.bytes)}

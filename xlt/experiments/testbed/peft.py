@@ -23,16 +23,15 @@ MAET with trained neurons (xlt.neurons), MAET's extraction stage end to end:
 from __future__ import annotations
 
 import jax
-import ml_collections
 import numpy as np
 
-from xlt import ensemble as ensemble_lib
 from xlt import loop as loop_lib
 from xlt import lora, merge, neurons, partition
 from xlt import train as train_lib
 from xlt.experiments import common as kind_lib
-from xlt.experiments import testbed_plan
-from xlt.experiments.testbed_plan import ALL, Recipe
+from xlt.experiments import recipes as recipe_lib
+from xlt.experiments.recipes import ALL, Recipe
+from xlt.experiments.testbed import plan as testbed_plan
 
 
 def lora_plan(c) -> list[Recipe]:
@@ -45,7 +44,7 @@ def check(c, num_layers: int):
   if c.get("lora") and c.lora.enabled:
     for p in set(c.lora.presets) | set(c.lora.simultaneous_presets):
       partition.preset_rules(p, num_layers, c.partition.bottom, c.partition.top)
-    for b, u, t in testbed_plan.swaps(c.lora.swaps, "lora.swaps"):
+    for b, u, t in recipe_lib.swaps(c.lora.swaps, "lora.swaps"):
       merge.swap_plan(num_layers, b, u, t, t)
     if int(c.lora.rank) < 1:
       raise ValueError(f"lora.rank must be positive, got {c.lora.rank}")
@@ -63,26 +62,11 @@ def plain(stacked):
   return jax.jit(jax.vmap(composite.merged))(stacked)
 
 
-def _stack(trees):
-  return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
-
-
-def _member(stacked, i):
-  return jax.tree.map(np.asarray, ensemble_lib.take(stacked, i))
-
-
-def _stage(c, train, opt) -> ml_collections.ConfigDict:
-  s = ml_collections.ConfigDict({"train": train.to_dict(), "opt": opt.to_dict(), "mesh": c.mesh.to_dict()})
-  if c.get("sharding_rules"):
-    s.sharding_rules = c.sharding_rules
-  return s
-
-
 def lora_stage(c, prep, base, val_score) -> kind_lib.Stage:
   """Stage 2b: every LoRA recipe x seed in one ensemble, from each seed's base (`prep` is the
   testbed's: cfg, seeds, data, sets; `val_score(member_sets)` scores merged parameters)."""
   recipes, cfg, seeds = prep.of("lora"), prep.cfg, prep.seeds
-  one = _member(base, 0)
+  one = kind_lib.member(base, 0)
   presets = sorted(set(c.lora.presets) | set(c.lora.simultaneous_presets)) or ["C"]
   labels = {p: partition.labels(one, partition.preset_rules(p, cfg.num_layers, c.partition.bottom, c.partition.top,
                                                             c.partition.embeddings, c.partition.head))
@@ -97,20 +81,20 @@ def lora_stage(c, prep, base, val_score) -> kind_lib.Stage:
     for i, s in enumerate(seeds):
       members.append(loop_lib.Member(f"{r.name}/seed_{s}", 2000 + s, tuple(prep.data[d] for d, _ in r.phases),
                                      tuple(flags(w) for _, w in r.phases), r.steps_per_phase))
-      init.append({"base": _member(base, i),
+      init.append({"base": kind_lib.member(base, i),
                    "lora": lora.init(one, jax.random.key(3000 + s), rank=c.lora.rank, alpha=c.lora.alpha)})
       member_sets.append([n for role in r.val for n in prep.sets[role]])
-  st = _stage(c, c.lora.train, c.lora.opt)
+  st = kind_lib.loop_config(c, c.lora.train, c.lora.opt)
   print(f"testbed: {len(recipes)} LoRA recipes x {len(seeds)} seeds, rank {c.lora.rank}, "
         f"{lora.num_params(adapters0):,} adapter parameters per model; cells {list(cells)}", flush=True)
-  return kind_lib.Stage("lora", cfg, members, val_score(member_sets), config=st, init_params=_stack(init),
+  return kind_lib.Stage("lora", cfg, members, val_score(member_sets), config=st, init_params=kind_lib.stack(init),
                         tx=partition.gated_optimizer(st.opt, cell_tree, cells))
 
 
 def lora_adapters(c, prep, trained) -> dict:
   """The trained LoRA stage as {recipe name: [adapters per seed]}."""
   n, adapters = len(prep.seeds), trained.params["lora"]
-  return {r.name: [_member(adapters, k * n + i) for i in range(n)] for k, r in enumerate(prep.of("lora"))}
+  return {r.name: [kind_lib.member(adapters, k * n + i) for i in range(n)] for k, r in enumerate(prep.of("lora"))}
 
 
 def compose_lora(c, base, adapters: dict) -> dict:
@@ -118,7 +102,7 @@ def compose_lora(c, base, adapters: dict) -> dict:
   swaps and LoRA freeze-then-train."""
   models = {name: lora.merge_into(base, a) for name, a in adapters.items()}  # recipe order
   task, lang = adapters["LoRA task expert"], adapters["LoRA language expert"]
-  for b, u, t in testbed_plan.swaps(c.lora.swaps, "lora.swaps"):
+  for b, u, t in recipe_lib.swaps(c.lora.swaps, "lora.swaps"):
     swapped = merge.layer_swap(task, lang, bottom=b, top=u, lower_transition=t, upper_transition=t,
                                non_block="average")
     models[f"LoRA layer swap b={b} u={u} t={t}"] = lora.merge_into(base, swapped)
@@ -136,8 +120,9 @@ def maet_short_stage(c, prep, base) -> kind_lib.Stage:
   m, seeds = c.maet_neurons, prep.seeds
   members = [loop_lib.Member(f"{r.name}/seed_{s}", 4000 + s, prep.data[r.phases[0][0]]) for r in _short(prep)
              for s in seeds]
-  return kind_lib.Stage("maet_short", prep.cfg, members, None, config=_stage(c, m.short.train, m.short.opt),
-                        init_params=_stack([_member(base, i) for _ in _short(prep) for i in range(len(seeds))]))
+  init = [kind_lib.member(base, i) for _ in _short(prep) for i in range(len(seeds))]
+  return kind_lib.Stage("maet_short", prep.cfg, members, None, config=kind_lib.loop_config(c, m.short.train, m.short.opt),
+                        init_params=kind_lib.stack(init))
 
 
 def _short(prep) -> list[Recipe]:
@@ -153,9 +138,9 @@ def maet_neurons_stage(c, prep, base, ran, val_score) -> kind_lib.Stage:
   m, seeds = c.maet_neurons, prep.seeds
   located = []
   for i in range(len(seeds)):
-    b = _member(base, i)
-    n_a = neurons.locate(_member(ran, i), b, m.key_ratio)
-    n_l0 = neurons.locate(_member(ran, len(seeds) + i), b, m.key_ratio)
+    b = kind_lib.member(base, i)
+    n_a = neurons.locate(kind_lib.member(ran, i), b, m.key_ratio)
+    n_l0 = neurons.locate(kind_lib.member(ran, len(seeds) + i), b, m.key_ratio)
     located.append((b, neurons.union(b, n_a, n_l0), neurons.expand(n_l0, b)))
   members, init, member_sets = [], [], []
   for r in prep.of("neurons"):
@@ -167,11 +152,11 @@ def maet_neurons_stage(c, prep, base, ran, val_score) -> kind_lib.Stage:
       members.append(loop_lib.Member(f"{r.name}/seed_{s}", 5000 + s, prep.data[d]))
       init.append(neurons.composite(b, union if what[1] == "ability" else source))
       member_sets.append([n for role in r.val for n in prep.sets[role]])
-  ft = _stage(c, c.finetune.train, c.finetune.opt)
+  ft = kind_lib.loop_config(c, c.finetune.train, c.finetune.opt)
   print(f"testbed: MAET key neurons, seed {seeds[0]}: ability + source {neurons.describe(located[0][1])}, "
         f"source {neurons.describe(located[0][2])}", flush=True)
   return kind_lib.Stage("maet_neurons", prep.cfg, members, val_score(member_sets), config=ft,
-                        init_params=_stack(init), tx=neurons.masked(train_lib.make_optimizer(ft.opt)),
+                        init_params=kind_lib.stack(init), tx=neurons.masked(train_lib.make_optimizer(ft.opt)),
                         info={"located": located})
 
 
@@ -179,7 +164,7 @@ def maet_models(prep, trained) -> list[dict]:
   """The trained-neuron stage per seed: {"ability", "source", "ability_neurons",
   "source_neurons"}."""
   n, params, located = len(prep.seeds), trained.params["params"], trained.stage.info["located"]
-  return [{"ability": _member(params, i), "source": _member(params, n + i),
+  return [{"ability": kind_lib.member(params, i), "source": kind_lib.member(params, n + i),
            "ability_neurons": located[i][1], "source_neurons": located[i][2]} for i in range(n)]
 
 

@@ -1,4 +1,11 @@
-"""Evaluation: batched greedy decoding with a KV cache, and scoring each member's answers.
+"""An ensemble's answers to a task's evaluation sets: batched greedy decoding of every member
+with a KV cache (`decode_answers`, `greedy_decode`), and each member's scores (`score_members`,
+what the experiments report as exact match).
+
+Which module for what: this one for an ensemble's answers (params with a leading member axis);
+xlt.decode for one model's tokens (logits, log-probabilities, greedy with stops, sampling);
+xlt.perplexity for the perplexity of packed rows; xlt.generate for the command line over a
+Hugging Face model directory.
 
 Prompts of different lengths share one batch: the cache is prefilled up to the
 shortest prompt, then each step either copies the next prompt token (rows whose prompt

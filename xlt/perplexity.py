@@ -1,14 +1,16 @@
-"""Language-model evaluation: perplexity of packed rows and sampling with a KV cache.
+"""Perplexity of packed rows, under one model or every member of an ensemble.
+
+Which module for what: this one scores text (an experiment's validation and test rows, or
+`python -m xlt.generate --perplexity`); xlt.decode decodes and scores one model's tokens (logits,
+log-probabilities, greedy with stops, sampling); xlt.ensemble_decode decodes an ensemble's answers
+to a task's evaluation sets and scores them (the experiments' exact match); xlt.generate is the
+command line over decode and this module for a Hugging Face model directory.
 
 `perplexity` scores packed rows (tokens [N, T], loss_mask [N, T-1], see xlt.data.packing) with
 one model or an ensemble (params with a leading axis E), in batches of rows, and returns the
 summed target NLL, the number of scored targets and the per-token perplexity. Per-byte or
 per-character perplexity is exp(nll_sum / bytes) with the byte count of the scored documents
 (`xlt.data.corpus.text_stats`): the caller knows which documents the rows hold.
-
-`sample` continues prompts with temperature / top-k sampling (temperature 0 = greedy), one
-jitted function: a prefill of the prompt into the KV cache, then `lax.scan` over new tokens;
-temperature and top_k are traced, so changing them does not recompile.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from xlt import distributed
@@ -76,59 +77,3 @@ def perplexity(cfg: model_lib.Config, params, tokens, loss_mask, batch: int,
   if not ensemble:
     nll, count, ppl = float(nll), float(count), float(ppl)
   return {"nll_sum": nll, "tokens": count, "ppl_token": ppl}
-
-
-def _pick(logits_BxV, key, temperature, top_k, greedy: bool):
-  if greedy:
-    return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
-  logits_BxV = logits_BxV / temperature
-  # k-th largest logit by a sort, so k is traced (one compile for every top_k); 0 = no cut.
-  sorted_BxV = jnp.sort(logits_BxV, axis=-1)
-  kth_Bx1 = sorted_BxV[:, jnp.maximum(logits_BxV.shape[-1] - top_k, 0)][:, None]
-  logits_BxV = jnp.where((top_k > 0) & (logits_BxV < kth_Bx1), -jnp.inf, logits_BxV)
-  return jax.random.categorical(key, logits_BxV, axis=-1).astype(jnp.int32)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "greedy"))
-def _sample(cfg, params, prompt_BxP, rng, temperature, top_k, *, max_new, greedy):
-  b, p = prompt_BxP.shape
-  cache = model_lib.init_cache(cfg, b, p + max_new)
-  logits_BxPxV, cache = model_lib.apply(cfg, params, prompt_BxP, cache, 0)
-  keys = jax.random.split(rng, max_new)
-  pick = lambda logits_BxV, key: _pick(logits_BxV, key, temperature, top_k, greedy)
-  first_B = pick(logits_BxPxV[:, -1], keys[0])
-
-  def body(carry, xs):
-    cache, tok_B = carry
-    i, key = xs
-    logits_Bx1xV, cache = model_lib.apply(cfg, params, tok_B[:, None], cache, p + i)
-    return (cache, pick(logits_Bx1xV[:, 0], key)), tok_B
-
-  # The last new token needs no forward pass of its own.
-  (_, last_B), toks_NxB = jax.lax.scan(body, (cache, first_B),
-                                       (jnp.arange(max_new - 1), keys[1:]))
-  return jnp.concatenate([prompt_BxP, toks_NxB.T, last_B[:, None]], axis=1)
-
-
-def sample(cfg: model_lib.Config, params, prompt_ids, *, max_new: int, temperature: float = 1.0,
-           top_k: int = 0, rng=None):
-  """Prompts [B, P] (or one prompt [P]) followed by `max_new` sampled tokens: [B, P + max_new].
-
-  One model's params (slice an ensemble first). temperature 0 is greedy (argmax; rng unused);
-  top_k > 0 samples among the k most likely tokens. Prompts in one call share a length.
-  """
-  prompt = np.asarray(prompt_ids, np.int32)
-  single = prompt.ndim == 1
-  prompt = prompt[None] if single else prompt
-  if prompt.ndim != 2 or prompt.shape[1] == 0:
-    raise ValueError(f"prompt_ids must be [P] or [B, P] with P > 0, got shape {prompt.shape}")
-  if max_new < 1 or prompt.shape[1] + max_new > cfg.block_size:
-    raise ValueError(f"prompt {prompt.shape[1]} + max_new {max_new} must be in "
-                     f"(prompt, block_size={cfg.block_size}]")
-  if top_k < 0 or top_k > cfg.vocab_size or temperature < 0:
-    raise ValueError(f"need temperature >= 0 and 0 <= top_k <= vocab, got {temperature}, {top_k}")
-  rng = jax.random.key(0 if rng is None else rng) if rng is None or isinstance(rng, int) else rng
-  greedy = temperature == 0
-  out = _sample(cfg, params, prompt, rng, np.float32(1.0 if greedy else temperature),
-                np.int32(top_k), max_new=int(max_new), greedy=bool(greedy))
-  return np.asarray(out[0] if single else out)

@@ -35,12 +35,10 @@ import shutil
 import time
 
 import jax
-import ml_collections
 import numpy as np
 
 from xlt import distributed
-from xlt import ensemble as ensemble_lib
-from xlt import evaluate as eval_lib
+from xlt import ensemble_decode
 from xlt import loop as loop_lib
 from xlt import merge
 from xlt import model as model_lib
@@ -49,8 +47,15 @@ from xlt import results as results_lib
 from xlt.data import arithmetic, common
 from xlt.eval import scores as eval_scores
 from xlt.experiments import common as kind_lib
-from xlt.experiments import testbed_peft, testbed_plan, testbed_report, testbed_text
-from xlt.experiments.testbed_plan import ALL, Recipe
+from xlt.experiments import recipes as recipe_lib
+from xlt.experiments.recipes import ALL, Recipe
+from xlt.experiments.testbed import peft as testbed_peft
+from xlt.experiments.testbed import plan as testbed_plan
+from xlt.experiments.testbed import report as testbed_report
+from xlt.experiments.testbed import text as testbed_text
+
+# what this kind runs (config tasks, each with its headline metric) and how xlt.report reads its rows
+KIND = kind_lib.Kind(tasks={"arithmetic": "exact_match"}, measurements="testbed")
 
 # the merge registry's inputs the testbed has (compose fills each): checked before training
 MERGE_INPUTS = ("task_expert", "language_expert", "experts", "base", "ability_model", "source_language_model",
@@ -138,7 +143,7 @@ def merges(c, seed: int = 0) -> list[tuple[str, str, dict]]:
   m = c.merge
   out = [(f"layer swap b={b} u={u} t={t}", "layer_swap",
           dict(bottom=b, top=u, lower_transition=t, upper_transition=t, non_block=m.non_block))
-         for b, u, t in testbed_plan.swaps(c.merge.swaps, "merge.swaps")]
+         for b, u, t in recipe_lib.swaps(c.merge.swaps, "merge.swaps")]
   out += [("soup", "soup", {}), ("soup (magnitude)", "soup", {"weights": "magnitude"})]
   out += [(f"task arithmetic λ={lam}", "task_arithmetic", {"lambdas": float(lam)}) for lam in m.task_arithmetic]
   # TIES in the rule its recorded results were made with (xlt.merge.combine.ties: convention)
@@ -163,7 +168,7 @@ def check(c, num_layers: int):
   for p in set(c.partition.presets) | set(c.simultaneous.presets):
     partition.preset_rules(p, num_layers, c.partition.bottom, c.partition.top,
                            c.partition.embeddings, c.partition.head)
-  for b, u, t in testbed_plan.swaps(c.merge.swaps, "merge.swaps"):
+  for b, u, t in recipe_lib.swaps(c.merge.swaps, "merge.swaps"):
     merge.swap_plan(num_layers, b, u, t, t)
   _check_merges(c)
   if not c.simultaneous.steps_per_switch or min(c.simultaneous.steps_per_switch) < 1:
@@ -171,27 +176,10 @@ def check(c, num_layers: int):
   testbed_peft.check(c, num_layers)
 
 
-def _stage(c, part) -> ml_collections.ConfigDict:
-  """The loop's view of one stage: its train/opt, and the shared mesh."""
-  s = ml_collections.ConfigDict({"train": part.train.to_dict(), "opt": part.opt.to_dict(),
-                                 "mesh": c.mesh.to_dict()})
-  if c.get("sharding_rules"):
-    s.sharding_rules = c.sharding_rules
-  return s
-
-
-def _stack(trees):
-  return jax.tree.map(lambda *xs: np.stack(xs), *distributed.to_host(trees))
-
-
-def _member(stacked, i):
-  return distributed.to_host(ensemble_lib.take(stacked, i))
-
-
 def seed_models(tuned, recipes, num_seeds: int, i: int) -> dict:
   """{recipe name: seed i's trained params} of a fine-tune stage's stacked members, laid out
   recipe-major as `_finetune_stage` builds them (recipe k, seed i: member k * seeds + i)."""
-  return {r.name: _member(tuned, k * num_seeds + i) for k, r in enumerate(recipes)}
+  return {r.name: kind_lib.member(tuned, k * num_seeds + i) for k, r in enumerate(recipes)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,7 +262,7 @@ def val_score(c, prep: Prep, member_sets: list[list[str]], plain=None) -> kind_l
   def score(params, ids):
     if plain is not None:
       params = plain(params)
-    scored = eval_lib.score_members(prep.cfg, params, prep.task, prep.task.val, [member_sets[i] for i in ids],
+    scored = ensemble_decode.score_members(prep.cfg, params, prep.task, prep.task.val, [member_sets[i] for i in ids],
                                     c.eval.batch_size)
     return [np.mean([s[n]["exact_match"] for n in member_sets[i]]) for s, i in zip(scored, ids)]
   return score
@@ -304,16 +292,17 @@ def _base_stage(c, prep: Prep) -> kind_lib.Stage | kind_lib.Trained:
   base_sets = prep.sets["language"] + prep.sets["source_language"]
   members = [loop_lib.Member(f"base/seed_{s}", s, prep.data["base"]) for s in prep.seeds]
   score = val_score(c, prep, [base_sets] * len(prep.seeds))
+  config = kind_lib.loop_config(c, c.base.train, c.base.opt)
   if prep.loaded is not None:
-    return testbed_text.base_stage(c, prep.cfg, prep.loaded, members, score, _stage(c, c.base))
-  return kind_lib.Stage("base", prep.cfg, members, score, config=_stage(c, c.base))
+    return testbed_text.base_stage(c, prep.cfg, prep.loaded, members, score, config)
+  return kind_lib.Stage("base", prep.cfg, members, score, config=config)
 
 
 def _finetune_stage(c, prep: Prep, base) -> kind_lib.Stage:
   """Every recipe x seed in one ensemble under one gated optimizer: a member's recipe (which
   partition cells each phase trains) is data. `info` holds the partition labels and cells."""
   cfg, seeds = prep.cfg, prep.seeds
-  one = _member(base, 0)
+  one = kind_lib.member(base, 0)
   presets = sorted(set(c.partition.presets) | set(c.simultaneous.presets))
   labels = {p: partition.labels(one, partition.preset_rules(
       p, cfg.num_layers, c.partition.bottom, c.partition.top, c.partition.embeddings, c.partition.head))
@@ -326,13 +315,13 @@ def _finetune_stage(c, prep: Prep, base) -> kind_lib.Stage:
     for i, s in enumerate(seeds):
       members.append(loop_lib.Member(f"{r.name}/seed_{s}", 1000 + s, tuple(prep.data[d] for d, _ in r.phases),
                                      tuple(flags(w) for _, w in r.phases), r.steps_per_phase))
-      init.append(_member(base, i))
+      init.append(kind_lib.member(base, i))
       member_sets.append([n for role in r.val for n in prep.sets[role]])
-  ft = _stage(c, c.finetune)
+  ft = kind_lib.loop_config(c, c.finetune.train, c.finetune.opt)
   print(f"testbed: {len(prep.of('full'))} recipes x {len(seeds)} seeds = {len(members)} fine-tuned models; "
         f"partition cells {list(cells)}", flush=True)
   return kind_lib.Stage("finetune", cfg, members, val_score(c, prep, member_sets), config=ft,
-                        init_params=_stack(init), tx=partition.gated_optimizer(ft.opt, cell_tree, cells),
+                        init_params=kind_lib.stack(init), tx=partition.gated_optimizer(ft.opt, cell_tree, cells),
                         info={"labels": labels, "cells": cells, "presets": presets})
 
 
@@ -347,11 +336,11 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
   per_seed = []
   for i, s in enumerate(seeds):
     recipes = seed_models(tuned, prep.of("full"), len(seeds), i)
-    models = compose(c, _member(base, i), recipes, info["labels"], seed=s)
+    models = compose(c, kind_lib.member(base, i), recipes, info["labels"], seed=s)
     if lora_adapters is not None:
-      models.update(testbed_peft.compose_lora(c, _member(base, i), {k: v[i] for k, v in lora_adapters.items()}))
+      models.update(testbed_peft.compose_lora(c, kind_lib.member(base, i), {k: v[i] for k, v in lora_adapters.items()}))
     if maet_trained is not None:
-      models.update(testbed_peft.compose_maet(c, _member(base, i), maet_trained[i], recipes["language expert"]))
+      models.update(testbed_peft.compose_maet(c, kind_lib.member(base, i), maet_trained[i], recipes["language expert"]))
     per_seed.append(models)
   model_names = list(per_seed[0])
   scores = _score_all(prep.cfg, prep.task, per_seed, prep.sets, c.eval.batch_size, seeds, workdir)
@@ -367,7 +356,7 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
 def _summary(c, trained: dict, heatmaps: dict, models_per_seed: int, merge_s: float) -> dict:
   seeds = len(trained["base"].stage.members)
   info, finetune = trained["finetune"].stage.info, trained["finetune"]
-  one = _member(trained["base"].params, 0)
+  one = kind_lib.member(trained["base"].params, 0)
   names = [m.name for m in finetune.stage.members]
   t_base = trained["base"].done_s
   t_trained = max(t.done_s for t in trained.values())
@@ -392,9 +381,9 @@ def _score_all(cfg, task, per_seed, sets, batch, seeds, workdir, chunk: int = 48
   out, predictions = {}, []
   for start in range(0, len(flat), chunk):
     part = flat[start:start + chunk]
-    stacked = jax.device_put(_stack([p for _, _, p in part]))
+    stacked = jax.device_put(kind_lib.stack([p for _, _, p in part]))
     records = []
-    scored = eval_lib.score_members(cfg, stacked, task, {n: task.test[n] for n in wanted},
+    scored = ensemble_decode.score_members(cfg, stacked, task, {n: task.test[n] for n in wanted},
                                   [wanted] * len(part), batch, records)
     predictions += [{**r, "member": start + r["member"]} for r in records]
     for (name, i, _), s in zip(part, scored):
@@ -415,7 +404,7 @@ def _heatmaps(c, workdir, base, tuned, recipes, seeds, tag: str = "") -> dict:
       continue
     changes = []
     for i in range(len(seeds)):
-      expert, b = _member(tuned, k * len(seeds) + i), _member(base, i)
+      expert, b = kind_lib.member(tuned, k * len(seeds) + i), kind_lib.member(base, i)
       threshold = c.merge.heatmap_threshold or merge.default_threshold(expert, b)
       changes.append(merge.row_change(expert, b, threshold=threshold))
     mean = {**changes[0], "share": np.mean([ch["share"] for ch in changes], axis=0).tolist(),

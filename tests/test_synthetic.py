@@ -1,3 +1,6 @@
+"""The synthetic kind (xlt.experiments.synthetic: graph, addition) end to end through the runner and
+the command line: results, best-parameter selection, resumption after SIGKILL, grid points."""
+
 import json
 import os
 import signal
@@ -94,55 +97,6 @@ def test_make_row_validates():
   r = results.make_row(experiment="e", task="t", language="l", role="target", condition="alone",
                        metric="valid", samples=3, values=[0.5, 1.0])
   assert r["mean"] == 0.75 and r["std"] == pytest.approx(np.std([0.5, 1.0], ddof=1))
-
-
-def test_unknown_task_is_named_with_the_known_ones(graph_config, tmp_path):
-  graph_config.task = "chess"
-  with pytest.raises(ValueError, match="unknown task 'chess'; known: graph, addition, text, arithmetic"):
-    runner.run(graph_config, str(tmp_path / "w"), progress=False)
-  assert not (tmp_path / "w").exists()  # refused before anything is written
-
-
-def test_modules_of_xlt_import_no_cycle():
-  # the runner imports the kinds (xlt.experiments); the kinds import neither it nor each other,
-  # but for the testbed's own stages (testbed_peft).
-  import ast
-  import pathlib
-
-  root = pathlib.Path(REPO)
-  graph = {}
-  for path in (root / "xlt").rglob("*.py"):
-    parts = path.relative_to(root).with_suffix("").parts
-    module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-    graph[module] = [node for node in ast.walk(ast.parse(path.read_text()))
-                     if isinstance(node, (ast.Import, ast.ImportFrom))]
-  for module, nodes in graph.items():  # `from p import x`: module p.x if there is one, else p
-    deps = {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
-    deps |= {f"{n.module}.{a.name}" if f"{n.module}.{a.name}" in graph else n.module
-             for n in nodes if isinstance(n, ast.ImportFrom) and n.module for a in n.names}
-    graph[module] = {d for d in deps if d in graph and d != module}
-
-  def on_a_cycle(module):  # depth-first search for a way back to `module`
-    stack, seen = list(graph[module]), set()
-    while stack:
-      m = stack.pop()
-      if m == module:
-        return True
-      if m not in seen:
-        seen.add(m)
-        stack.extend(graph[m])
-    return False
-
-  assert [m for m in graph if on_a_cycle(m)] == []
-  kinds = {"xlt.experiments.synthetic", "xlt.experiments.text", "xlt.experiments.testbed",
-           "xlt.experiments.testbed_peft", "xlt.experiments.finetune", "xlt.experiments.pretrain_hf",
-           "xlt.experiments.testbed_regimes"}
-  assert graph["xlt.experiments"] == kinds - {"xlt.experiments.testbed_peft"}
-  # a kind imports no other kind, but the regime map, which is the testbed run once per regime
-  extends = {"xlt.experiments.testbed_regimes": {"xlt.experiments.testbed"}}
-  for kind in kinds:
-    others = kinds - {"xlt.experiments.testbed_peft"} - extends.get(kind, set())
-    assert not graph[kind] & ({"xlt.runner", "xlt.experiments"} | others), kind
 
 
 def _main(workdir, *extra):

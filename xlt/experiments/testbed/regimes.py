@@ -41,7 +41,13 @@ import numpy as np
 
 from xlt import distributed
 from xlt import results as results_lib
-from xlt.experiments import testbed, testbed_regimes_report, testbed_report
+from xlt.experiments import common as kind_lib
+from xlt.experiments.testbed import experiment as testbed
+from xlt.experiments.testbed import regimes_report as testbed_regimes_report
+from xlt.experiments.testbed import report as testbed_report
+
+# what this kind runs (config tasks, each with its headline metric) and how xlt.report reads its rows
+KIND = kind_lib.Kind(tasks={"arithmetic_regimes": "exact_match"}, measurements="regimes")
 
 EXPERTS = ("task expert", "language expert")
 
@@ -121,7 +127,7 @@ def _regime_models(c, prep, base, ft) -> tuple[list[dict], dict]:
   n = len(prep.seeds)
   per_seed, deltas = [], {}
   for i, s in enumerate(prep.seeds):
-    b = testbed._member(base, i)
+    b = kind_lib.member(base, i)
     recipes = testbed.seed_models(ft.params, prep.of("full"), n, i)
     for name, params in recipes.items():
       deltas.setdefault(name, []).append(relative_delta(params, b))

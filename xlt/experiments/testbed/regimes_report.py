@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from xlt import stats
-from xlt.experiments import testbed_report
+from xlt.experiments.testbed import report as testbed_report
 from xlt.io import fileio
 
 STYLES = ("-", "--", ":", "-.")

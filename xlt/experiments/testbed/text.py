@@ -15,7 +15,7 @@ data (the recipes, compositions, merges and reports) is the testbed's own, uncha
             EOS only; one example per row, every row as long as the longest example;
   scoring   a `TextTokenizer` stands in for the testbed's word tokenizer: it encodes a
             prompt's symbols as rendered text and decodes generated ids to text and back to
-            symbols (`parse`), so xlt.evaluate's ensemble greedy decoding (the greedy_decode
+            symbols (`parse`), so xlt.ensemble_decode's greedy decoding (the greedy_decode
             xlt.generate runs, stopped at EOS) and arithmetic.score work unchanged;
   base      `base_stage`: with `c.base_fluency` (default) a short fine-tune of the loaded
             model on c.data.base, else the loaded model itself, copied per seed;
@@ -73,7 +73,7 @@ def parse(text: str) -> list[str]:
 
 class TextTokenizer:
   """The word tokenizer's interface (encode symbols, decode ids to symbols, eos_id, pad_id,
-  vocab_size) over a Hugging Face tokenizer: what xlt.evaluate.score_members needs to decode
+  vocab_size) over a Hugging Face tokenizer: what xlt.ensemble_decode.score_members needs to decode
   and score a loaded model. `hf` is the xlt.hf_tokenizer.Tokenizer, `style` the rendering."""
 
   def __init__(self, hf: hf_tokenizer.Tokenizer, style: str, where: str = "the model"):
