@@ -76,7 +76,7 @@ def get_config():
   c.merges = ("layer_swap bottom=1 top=1", "ties density=0.5")
   # prompts: jsonl files of {"prompt" or "messages", "answer"}, scored by greedy exact match
   # eval.tasks: lm-eval tasks (docs/evaluate.md) scored on every model, e.g. ("xlt_mgsm_direct_de",)
-  # with eval.lm_eval.metadata='{"mgsm_dir": "/data/mgsm"}'; () = off
+  # with eval.lm_eval.metadata='{"mgsm_dir": "data/mgsm"}'; () = off
   c.eval = common.eval_with_tasks(batch_size=16)
   c.eval.prompts = ()
   c.eval.chat = False
