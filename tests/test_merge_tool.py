@@ -284,9 +284,13 @@ def test_mergekit_example_files(tmp_path):
   assert got == {"method": "soup", "dtype": "float16", "vocab": None, "options": {"weights": [1.0, 0.3, 0.5]},
                  "inputs": {"experts": ["psmathur/orca_mini_v3_13b", "WizardLM/WizardLM-13B-V1.2",
                                         "garage-bAInd/Platypus2-13B"]}}
+  # a frankenmerge of 44 layers (four repeated): xlt.merge.stack, tests/test_merge_stack.py
+  got = from_mergekit.load_yaml(str(tmp_path / "stack.yml"))
+  assert got == {"method": "layer_stack", "dtype": "float16", "vocab": None,
+                 "inputs": {"models": ["psmathur/orca_mini_v3_13b", "garage-bAInd/Platypus2-13B"]},
+                 "options": {"slices": [["psmathur/orca_mini_v3_13b", 0, 24], ["garage-bAInd/Platypus2-13B", 20, 40]]}}
   for name, key in (("ties", r"models\[0\].parameters.density: a gradient"),
-                    ("slerp", r"slices\[0\]: layer_range \[0, 40\] of psmathur/orca_mini_v3_13b must cover"),
-                    ("stack", r"slices\[1\]: layer_range \[20, 40\] must start at 24")):
+                    ("slerp", r"slices\[0\]: layer_range \[0, 40\] of psmathur/orca_mini_v3_13b must cover")):
     with pytest.raises(ValueError, match=f"mergekit config .*{name}.yml: {key}"):
       from_mergekit.load_yaml(str(tmp_path / f"{name}.yml"))
 
@@ -299,8 +303,8 @@ def test_mergekit_example_files(tmp_path):
     ({"merge_method": "ties", "base_model": "a", "models": [{"model": "b", "parameters": {"weight": [1, 0]}}]},
      r"models\[0\].parameters.weight: a gradient"),
     ({"merge_method": "passthrough", "slices": [{"sources": [{"model": "a", "layer_range": [0, 24]}]},
-                                                {"sources": [{"model": "b", "layer_range": [20, 40]}]}]},
-     r"slices\[1\]: layer_range \[20, 40\] must start at 24"),
+                                                {"sources": [{"model": "b", "layer_range": [20, 20]}]}]},
+     r"slices\[1\]: layer_range \[20, 20\] must be 0 <= lo < hi"),
     ({"merge_method": "model_breadcrumbs", "models": [{"model": "a"}]}, "merge_method: 'model_breadcrumbs'"),
     ({"merge_method": "linear", "models": [{"model": "a+lora"}]}, "LoRA adapter"),
 ])

@@ -16,7 +16,8 @@ Face model directory (xlt.merge.tool: config and tokenizer from an input that ha
 safetensors shards above `max_shard_size`, a model card), with the delta heatmaps (with a
 base among the inputs) and summary.json.
 A mergekit YAML maps onto the same config (xlt.merge.from_mergekit: its methods, models,
-parameters, dtype, tokenizer_source and layer-swap slices; any other key is refused by name);
+parameters, dtype, tokenizer_source, layer-swap slices and other passthrough layer stacks; any
+other key is refused by name);
 --config.<field> flags given beside it override what it sets.
 A user error (method, inputs, options, files: a truncated file, a tensor missing from one
 input, shapes or dtypes that differ, an architecture a layer-aware method does not know) is one
@@ -40,7 +41,7 @@ from ml_collections import config_flags
 
 from xlt.io import config_files, fileio
 from xlt.io import hf_dir as hf
-from xlt.merge import from_mergekit, registry, tool
+from xlt.merge import from_mergekit, registry, stack, tool
 
 # the config a mergekit YAML is laid over (so --config.output=... works beside it), found in a
 # checkout or in the installed package alike (xlt.io.config_files)
@@ -88,6 +89,11 @@ def merge_config(c, *, overwrite: bool = False) -> dict:
   c = c.to_dict() if hasattr(c, "to_dict") else dict(c)
   options = {k: list(v) if isinstance(v, tuple) else v for k, v in (c.get("options") or {}).items()}
   raw_inputs = c.get("inputs") or {}
+  if c["method"] == "layer_stack":  # mergekit's passthrough "frankenmerge": no tensor is merged
+    summary = _stack(c, options, overwrite)
+    fileio.write_text(os.path.join(c["output"], "summary.json"), json.dumps(summary, indent=1) + "\n")
+    fileio.write_text(os.path.join(c["output"], "merge_config.json"), json.dumps(c, indent=1, default=str) + "\n")
+    return summary
   c["method"], options = from_mergekit.flags_aliases(c["method"], raw_inputs, options)
   if any(o.tree and o.required for o in registry.get(c["method"]).options):  # RegMean, Fisher: statistics
     raise ValueError(f"{c['method']} weighs the experts by statistics of their data: run python -m xlt.merge_data "
@@ -101,6 +107,17 @@ def merge_config(c, *, overwrite: bool = False) -> dict:
   ran = {**c, "options": options}
   fileio.write_text(os.path.join(c["output"], "merge_config.json"), json.dumps(ran, indent=1, default=str) + "\n")
   return summary
+
+
+def _stack(c: dict, options: dict, overwrite: bool) -> dict:
+  """The layer stack (xlt.merge.stack) of options["slices"], written to c["output"]."""
+  if unknown := sorted(set(options) - {"slices"}):
+    raise ValueError(f"layer_stack takes the option slices only, got {', '.join(unknown)}")
+  if c.get("vocab"):
+    raise ValueError("vocab: a layer stack takes its embedding and head as they are (no vocab option)")
+  return stack.stack_files(options.get("slices") or [], c["output"], naming=c.get("naming", "auto"),
+                           dtype=c.get("dtype") or None, overwrite=overwrite,
+                           max_shard_bytes=c.get("max_shard_size") or hf.DEFAULT_MAX_SHARD_BYTES)
 
 
 def with_yaml(c, path: str) -> dict:

@@ -7,9 +7,10 @@ may be listed among them, as mergekit allows), global `parameters` (normalize, l
 rescale, ...), `dtype` / `out_dtype` (the output's dtype: xlt always computes in float32),
 `tokenizer_source: base|union` (xlt's vocab option), and `slices` in two shapes: one slice
 whose sources all cover every layer (the same as `models`), and a passthrough layer swap
-(model A's layers [0, b) and [L-u, L), model B's [b, L-u), each at its own position).
-Everything else (per-layer gradients of a per-model value, `filter`ed values, layer stacks
-that change the depth, tokenizer and chat template blocks)
+(model A's layers [0, b) and [L-u, L), model B's [b, L-u), each at its own position), and any
+other passthrough stack, one that repeats, reorders or drops layers (a "frankenmerge":
+xlt.merge.stack, the output of its own depth). Everything else (per-layer gradients of a
+per-model value, `filter`ed values, tokenizer and chat template blocks)
 is refused with one line naming the key. mergekit's defaults are written out where xlt's
 differ (density 1.0, ties/dare in mergekit's convention), so a mapped merge is mergekit's.
 """
@@ -280,33 +281,33 @@ def _one_slice(slices) -> list[dict]:
 
 
 def _passthrough(slices) -> dict:
-  """layer_swap from passthrough slices A [0, b), B [b, L-u), A [L-u, L): each layer at its
-  own position, the embedding and head from A (mergekit takes them from the first and the last
-  slice's model)."""
+  """layer_swap from passthrough slices A [0, b), B [b, L-u), A [L-u, L) (each layer at its own
+  position, the embedding and head from A); any other stack (slices that repeat, reorder or drop
+  layers: a "frankenmerge" of another depth) is a layer_stack (xlt.merge.stack: the embedding
+  from the first slice's model, the final norm and head from the last's, as mergekit takes them)."""
   rows = _sources(slices)
-  parts, at = [], 0
+  parts = []
   for i, row in enumerate(rows):
     (model, (lo, hi), params), *more = row
     if more or params:
       raise ValueError(f"slices[{i}]: a passthrough slice takes one source without parameters")
-    if lo != at or hi <= lo:
-      raise ValueError(f"slices[{i}]: layer_range [{lo}, {hi}] must start at {at}: xlt maps layer swaps "
-                       "(each layer at its own position), not stacks that change the depth")
-    parts.append((model, hi - lo))
-    at = hi
-  models = [m for m, _ in parts]
-  if len(parts) == 3 and models[0] == models[2] != models[1]:
-    outer, inner, bottom, top = models[0], models[1], parts[0][1], parts[2][1]
-  elif len(parts) == 2 and models[0] != models[1]:
-    raise ValueError("slices: two slices take the embedding from one model and the head from the other, "
-                     "which xlt's layer_swap does not; add the third slice (A, B, A)")
-  else:
-    raise ValueError("slices: xlt maps a passthrough layer swap only: A [0, b), B [b, L-u), A [L-u, L)")
-  layers = _num_layers(outer)
-  if layers is not None and layers != at:
-    raise ValueError(f"slices: the ranges end at layer {at}, but {outer} has {layers} layers")
-  return {"method": "layer_swap", "inputs": {"task_expert": inner, "language_expert": outer},
-          "options": {"bottom": bottom, "top": top, "non_block": "language", "num_blocks": at}}
+    if hi <= lo or lo < 0:
+      raise ValueError(f"slices[{i}]: layer_range [{lo}, {hi}] must be 0 <= lo < hi")
+    parts.append((model, lo, hi))
+  models = [m for m, _, _ in parts]
+  contiguous = all(parts[i][1] == (parts[i - 1][2] if i else 0) for i in range(len(parts)))
+  if contiguous and len(parts) == 3 and models[0] == models[2] != models[1] and \
+     _num_layers(models[0]) in (None, parts[-1][2]):  # every layer of A's depth at its own position
+    outer, inner = models[0], models[1]
+    bottom, top = parts[0][2], parts[2][2] - parts[2][1]
+    return {"method": "layer_swap", "inputs": {"task_expert": inner, "language_expert": outer},
+            "options": {"bottom": bottom, "top": top, "non_block": "language", "num_blocks": parts[-1][2]}}
+  for i, (model, lo, hi) in enumerate(parts):
+    layers = _num_layers(model)
+    if layers is not None and hi > layers:
+      raise ValueError(f"slices[{i}]: layer_range [{lo}, {hi}] runs past {model}'s {layers} layers")
+  return {"method": "layer_stack", "inputs": {"models": list(dict.fromkeys(models))},
+          "options": {"slices": [[m, lo, hi] for m, lo, hi in parts]}}
 
 
 def flags_aliases(method: str, inputs: dict, options: dict) -> tuple[str, dict]:
