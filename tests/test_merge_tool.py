@@ -289,10 +289,14 @@ def test_mergekit_example_files(tmp_path):
   assert got == {"method": "layer_stack", "dtype": "float16", "vocab": None,
                  "inputs": {"models": ["psmathur/orca_mini_v3_13b", "garage-bAInd/Platypus2-13B"]},
                  "options": {"slices": [["psmathur/orca_mini_v3_13b", 0, 24], ["garage-bAInd/Platypus2-13B", 20, 40]]}}
-  for name, key in (("ties", r"models\[0\].parameters.density: a gradient"),
-                    ("slerp", r"slices\[0\]: layer_range \[0, 40\] of psmathur/orca_mini_v3_13b must cover")):
-    with pytest.raises(ValueError, match=f"mergekit config .*{name}.yml: {key}"):
-      from_mergekit.load_yaml(str(tmp_path / f"{name}.yml"))
+  # per-model gradients: lists over the layers (xlt.merge.layerwise), tests/test_merge_gradients.py
+  got = from_mergekit.load_yaml(str(tmp_path / "ties.yml"))
+  assert got["method"] == "ties" and got["options"] == {
+      "lambdas": [1.0, [0.0, 0.3, 0.7, 1.0]], "convention": "mergekit", "density": [1.0, 0.7, 0.1],
+      "densities": [[1.0, 0.7, 0.1], 0.5]}
+  key = r"slices\[0\]: layer_range \[0, 40\] of psmathur/orca_mini_v3_13b must cover"
+  with pytest.raises(ValueError, match=f"mergekit config .*slerp.yml: {key}"):
+    from_mergekit.load_yaml(str(tmp_path / "slerp.yml"))
 
 
 @pytest.mark.parametrize("cfg, key", [
@@ -300,8 +304,8 @@ def test_mergekit_example_files(tmp_path):
      "tokenizer: not supported"),
     ({"merge_method": "slerp", "base_model": "a", "models": [{"model": "a"}, {"model": "b"}],
       "parameters": {"t": [{"filter": "self_attn", "value": [0, 1]}, {"value": 0.5}]}}, "parameters.t: filtered"),
-    ({"merge_method": "ties", "base_model": "a", "models": [{"model": "b", "parameters": {"weight": [1, 0]}}]},
-     r"models\[0\].parameters.weight: a gradient"),
+    ({"merge_method": "ties", "base_model": "a", "models": [{"model": "b", "parameters": {"lambda": [1, 0]}}]},
+     r"models\[0\].parameters.lambda: a gradient"),
     ({"merge_method": "passthrough", "slices": [{"sources": [{"model": "a", "layer_range": [0, 24]}]},
                                                 {"sources": [{"model": "b", "layer_range": [20, 20]}]}]},
      r"slices\[1\]: layer_range \[20, 20\] must be 0 <= lo < hi"),

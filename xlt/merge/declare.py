@@ -73,13 +73,22 @@ class Option:
     return self.default is REQUIRED
 
 
+def _numbers(v) -> bool:
+  return isinstance(v, (list, tuple)) and bool(v) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                          for x in v)
+
+
 def per_layer_options(m, options: dict) -> list[str]:
   """The options of a call to method `m` given as per-layer lists (xlt.merge.layerwise): float
-  options (declared plain `float`) whose value is a list or tuple of numbers."""
+  options (declared plain `float`) whose value is a list or tuple of numbers, and per-expert
+  options (declared `Sequence[float]`) of which some expert's value is such a list (mergekit's
+  per-model gradient, e.g. `weight: [0, 0.5, 1]` under one model)."""
   floats = {o.name for o in m.options if o.type in ("float", "float | None")}
+  per_expert = {o.name for o in m.options if "Sequence[float]" in o.type}
   return [k for k, v in (options or {}).items()
-          if k in floats and isinstance(v, (list, tuple))
-          and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)]
+          if (k in floats and _numbers(v))
+          or (k in per_expert and isinstance(v, (list, tuple)) and any(_numbers(x) for x in v)
+              and all(_numbers(x) or (isinstance(x, (int, float)) and not isinstance(x, bool)) for x in v))]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,8 +9,9 @@ rescale, ...), `dtype` / `out_dtype` (the output's dtype: xlt always computes in
 whose sources all cover every layer (the same as `models`), and a passthrough layer swap
 (model A's layers [0, b) and [L-u, L), model B's [b, L-u), each at its own position), and any
 other passthrough stack, one that repeats, reorders or drops layers (a "frankenmerge":
-xlt.merge.stack, the output of its own depth). Everything else (per-layer gradients of a
-per-model value, `filter`ed values, tokenizer and chat template blocks)
+xlt.merge.stack, the output of its own depth). Per-model values (weight, density, gamma,
+epsilon) may be gradients over the layers, as t may (xlt.merge.layerwise). Everything else
+(`filter`ed values, tokenizer and chat template blocks)
 is refused with one line naming the key. mergekit's defaults are written out where xlt's
 differ (density 1.0, ties/dare in mergekit's convention), so a mapped merge is mergekit's.
 """
@@ -51,6 +52,18 @@ _PER_MODEL = {"soup": {"weight": "weights"}, "karcher": {"weight": "weights"},
 # global parameters: mergekit's name -> xlt's option (names the same on both sides are implied)
 _GLOBAL = {"lambda": "scale", "nuslerp_row_wise": "row_wise", "nuslerp_flatten": "flatten"}
 _IGNORED = ("int8_mask",)  # mergekit's memory knob: no effect on the result
+# values that may be gradients (a list: interpolated over the blocks, xlt.merge.layerwise), per
+# model or global: the per-model ones and slerp's / nearswap's t
+_GRADIENTS = ("t", "weight", "density", "gamma", "epsilon")
+
+
+def _number(value):
+  """A parameter's value as xlt takes it: a float, or a gradient's list of floats."""
+  return [float(v) for v in value] if isinstance(value, list) else float(value)
+
+
+def _one_minus(value):
+  return [1 - v for v in value] if isinstance(value, list) else 1 - value
 
 
 def load_yaml(path: str) -> dict:
@@ -111,7 +124,7 @@ def from_mergekit(cfg: dict) -> dict:
     return _passthrough(cfg["slices"]) | {"dtype": dtype, "vocab": vocab}
   models = cfg.get("models") or _one_slice(cfg["slices"])
   for key, value in params.items():
-    _scalar_or_list(value, f"parameters.{key}", allow_list=key == "t")
+    _scalar_or_list(value, f"parameters.{key}", allow_list=key in _GRADIENTS)
   method, inputs, options = _method(name, base, [_entry(m, f"models[{i}]") for i, m in enumerate(models)], params)
   for key, value in params.items():
     if key in _IGNORED or key in ("weight", "density", "gamma", "epsilon"):  # read per model by _method
@@ -143,7 +156,7 @@ def _entry(m, where: str) -> tuple[str, dict]:
     raise ValueError(f"{where}.{unknown[0]}: not supported by xlt")
   params = dict(m.get("parameters") or {})
   for k, v in params.items():
-    _scalar_or_list(v, f"{where}.parameters.{k}", allow_list=False)
+    _scalar_or_list(v, f"{where}.parameters.{k}", allow_list=k in _GRADIENTS)
   return _model(m["model"], f"{where}.model"), params
 
 
@@ -154,7 +167,8 @@ def _scalar_or_list(value, where: str, allow_list: bool) -> None:
                                                for v in value):
     if allow_list:
       return
-    raise ValueError(f"{where}: a gradient (one value per layer range) is supported for t only; give one value")
+    raise ValueError(f"{where}: a gradient (one value per layer range) is supported for "
+                     f"{', '.join(_GRADIENTS)} only; give one value")
   raise ValueError(f"{where}: filtered or conditional values ({value!r}) are not supported; give one value")
 
 
@@ -194,7 +208,7 @@ def _per_model(method: str, name: str, experts: list, shared: dict) -> dict:
   """The options read from each model's parameters (else `shared`, the global ones), with
   mergekit's defaults where xlt's differ (density 1.0)."""
   given = {k for _, params in experts for k in params}
-  value = lambda params, key: float(params.get(key, shared.get(key, 1.0)))
+  value = lambda params, key: _number(params.get(key, shared.get(key, 1.0)))
   weights = [value(params, "weight") for _, params in experts]
   if method in ("task_arithmetic", "ties", "dare"):
     known = {"weight", "density"} if method != "task_arithmetic" else {"weight"}
@@ -204,9 +218,10 @@ def _per_model(method: str, name: str, experts: list, shared: dict) -> dict:
     if method != "task_arithmetic":
       per_model = [value(params, "density") for _, params in experts]
       density = per_model[0]
-      options |= {"convention": "mergekit"} | ({"density": density} if method == "ties" else {"drop": 1 - density})
-      if len(set(per_model)) > 1:  # mergekit's per-model densities
-        options |= {"densities": per_model} if method == "ties" else {"drops": [1 - d for d in per_model]}
+      options |= {"convention": "mergekit"} | ({"density": density} if method == "ties" else
+                                               {"drop": _one_minus(density)})
+      if any(d != density for d in per_model):  # mergekit's per-model densities
+        options |= {"densities": per_model} if method == "ties" else {"drops": [_one_minus(d) for d in per_model]}
     return options
   table = _PER_MODEL.get(method, {})
   if unknown := sorted(given - set(table)):
@@ -214,7 +229,7 @@ def _per_model(method: str, name: str, experts: list, shared: dict) -> dict:
   if unknown := sorted({k for k in ("weight", "density", "gamma", "epsilon") if k in shared} - set(table)):
     raise ValueError(f"parameters.{unknown[0]}: not a parameter of {name} in xlt")
   defaults = {"density": 1.0, "gamma": 0.01, "epsilon": 0.15, "weight": 1.0}
-  return {xlt: [float(params.get(mk, shared.get(mk, defaults[mk]))) for _, params in experts]
+  return {xlt: [_number(params.get(mk, shared.get(mk, defaults[mk]))) for _, params in experts]
           for mk, xlt in table.items() if mk in given or mk in shared or (mk == "density" and method in _SPARSE)}
 
 
@@ -224,7 +239,11 @@ def _set_global(method: str, options: dict, key: str, value, mk_key: str) -> dic
   if method in ("task_arithmetic", "dare") and mk_key in ("lambda", "normalize"):
     lambdas = options["lambdas"]
     if mk_key == "lambda":
-      options["lambdas"] = [w * float(value) for w in lambdas]
+      options["lambdas"] = [[x * float(value) for x in w] if isinstance(w, list) else w * float(value)
+                            for w in lambdas]
+    elif value and any(isinstance(w, list) for w in lambdas):
+      raise ValueError(f"parameters.normalize: true with per-layer weights (a gradient) is not supported for "
+                       f"{method}; give each weight as one value")
     elif value:
       options["lambdas"] = [w / sum(lambdas) for w in lambdas]
     return options
