@@ -1,5 +1,6 @@
 """mergekit's per-model parameters given as gradients over the layers (`weight: [0.2, 1.0]` under
-one model, per-model density and gamma lists, a global density list), run from a mergekit YAML
+one model, per-model density and gamma lists, a global density list) or filtered by tensor name
+(`filter:`), run from a mergekit YAML
 (xlt.merge.from_mergekit -> xlt.merge.layerwise), compared with mergekit's outputs
 (tests/fixtures/mergekit/gradients/, written by tests/fixtures/make_mergekit_fixtures_gradients.py;
 live where mergekit is installed)."""
@@ -68,7 +69,15 @@ def test_per_model_gradients_map_to_per_expert_lists():
   dare = {"merge_method": "dare_linear", "base_model": "a", "parameters": {"density": [0.25, 0.75]},
           "models": [{"model": "b"}, {"model": "c"}]}
   assert from_mergekit.from_mergekit(dare)["options"]["drop"] == [0.75, 0.25]
-  with pytest.raises(ValueError, match="parameters.normalize: true with per-layer weights"):
+  slerp = {"merge_method": "slerp", "base_model": "a", "models": [{"model": "a"}, {"model": "b"}],
+           "parameters": {"t": {"filter": "mlp", "value": [0, 1]}}}
+  assert from_mergekit.from_mergekit(slerp)["options"] == {"t": [{"filter": "mlp", "value": [0.0, 1.0]}]}
+  dare["parameters"]["density"] = [{"filter": "mlp", "value": [0.25, 0.75]}, {"value": 0.5}]
+  assert from_mergekit.from_mergekit(dare)["options"]["drop"] == [{"filter": "mlp", "value": [0.75, 0.25]},
+                                                                 {"value": 0.5}]
+  with pytest.raises(ValueError, match=r"parameters.density\[0\]: a filtered value is \{filter"):
+    from_mergekit.from_mergekit(dare | {"parameters": {"density": [{"filter": "mlp", "valeu": 1}]}})
+  with pytest.raises(ValueError, match="parameters.normalize: true with per-layer or filtered weights"):
     from_mergekit.from_mergekit(cfg | {"parameters": {"normalize": True}})
   with pytest.raises(ValueError, match=r"models\[0\].parameters.select_topk: a gradient .* is supported for t, weight"):
     from_mergekit.from_mergekit({"merge_method": "sce", "base_model": "a",
@@ -77,7 +86,8 @@ def test_per_model_gradients_map_to_per_expert_lists():
 
 def test_a_per_expert_gradient_is_each_blocks_merge_by_hand():
   rng = np.random.default_rng(0)
-  tree = lambda: {f"model.layers.{b}.mlp.w": rng.normal(size=(3, 4)) for b in range(3)} | {
+  tree = lambda: {f"model.layers.{b}.{n}": rng.normal(size=(3, 4)) for b in range(3)
+                  for n in ("mlp.w", "self_attn.q.weight")} | {
       "model.embed_tokens.weight": rng.normal(size=(5, 4))}
   base, a, b = tree(), tree(), tree()
   got = registry.merge("task_arithmetic", {"base": base, "experts": [a, b]}, {"lambdas": [[0.0, 1.0], 0.5]},
@@ -85,11 +95,19 @@ def test_a_per_expert_gradient_is_each_blocks_merge_by_hand():
   for k in base:
     block = 0 if "embed" in k else int(k.split(".")[2])  # outside the blocks: the first value
     np.testing.assert_allclose(got[k], base[k] + block / 2 * (a[k] - base[k]) + 0.5 * (b[k] - base[k]), atol=1e-6)
+  filtered = [{"filter": "self_attn", "value": [0.0, 1.0]}, {"filter": "embed", "value": 2.0}]
+  got = registry.merge("task_arithmetic", {"base": base, "experts": [a, b]},
+                       {"lambdas": [filtered + [{"value": 0.25}], 0.5]}, naming="hf")
+  for k in base:
+    lam = 2.0 if "embed" in k else int(k.split(".")[2]) / 2 if "self_attn" in k else 0.25
+    np.testing.assert_allclose(got[k], base[k] + lam * (a[k] - base[k]) + 0.5 * (b[k] - base[k]), atol=1e-6)
+  with pytest.raises(ValueError, match=r"option lambdas\[0\]: no filter matches tensor model.layers.0.mlp.w"):
+    registry.merge("task_arithmetic", {"base": base, "experts": [a, b]}, {"lambdas": [filtered, 0.5]}, naming="hf")
   with pytest.raises(ValueError, match="della reads tensors together"):
     registry.merge("della", {"base": base, "experts": [a, b]}, {"density": [[0.5, 0.9], 0.5]}, naming="hf")
 
 
-@pytest.mark.parametrize("case", ["ties", "breadcrumbs"])
+@pytest.mark.parametrize("case", ["ties", "breadcrumbs", "slerp_filter"])
 def test_gradients_match_mergekit_live(tmp_path, models, case):
   pytest.importorskip("mergekit")
   script = fixture_script()

@@ -302,8 +302,9 @@ def test_mergekit_example_files(tmp_path):
 @pytest.mark.parametrize("cfg, key", [
     ({"merge_method": "ties", "models": [{"model": "a"}], "base_model": "b", "tokenizer": {"source": "x"}},
      "tokenizer: not supported"),
-    ({"merge_method": "slerp", "base_model": "a", "models": [{"model": "a"}, {"model": "b"}],
-      "parameters": {"t": [{"filter": "self_attn", "value": [0, 1]}, {"value": 0.5}]}}, "parameters.t: filtered"),
+    ({"merge_method": "sce", "base_model": "a", "models": [{"model": "b"}],
+      "parameters": {"select_topk": [{"filter": "self_attn", "value": 0.1}, {"value": 0.5}]}},
+     "parameters.select_topk: filtered or conditional values .* are supported for t, weight"),
     ({"merge_method": "ties", "base_model": "a", "models": [{"model": "b", "parameters": {"lambda": [1, 0]}}]},
      r"models\[0\].parameters.lambda: a gradient"),
     ({"merge_method": "passthrough", "slices": [{"sources": [{"model": "a", "layer_range": [0, 24]}]},

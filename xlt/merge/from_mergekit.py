@@ -10,8 +10,8 @@ whose sources all cover every layer (the same as `models`), and a passthrough la
 (model A's layers [0, b) and [L-u, L), model B's [b, L-u), each at its own position), and any
 other passthrough stack, one that repeats, reorders or drops layers (a "frankenmerge":
 xlt.merge.stack, the output of its own depth). Per-model values (weight, density, gamma,
-epsilon) may be gradients over the layers, as t may (xlt.merge.layerwise). Everything else
-(`filter`ed values, tokenizer and chat template blocks)
+epsilon) may be gradients over the layers or `filter`ed values (by tensor name), as t may
+(xlt.merge.layerwise). Everything else (other filtered values, tokenizer and chat template blocks)
 is refused with one line naming the key. mergekit's defaults are written out where xlt's
 differ (density 1.0, ties/dare in mergekit's convention), so a mapped merge is mergekit's.
 """
@@ -58,12 +58,25 @@ _GRADIENTS = ("t", "weight", "density", "gamma", "epsilon")
 
 
 def _number(value):
-  """A parameter's value as xlt takes it: a float, or a gradient's list of floats."""
+  """A parameter's value as xlt takes it: a float, a gradient's list of floats, or a filtered
+  value's list of {filter, value} (xlt.merge.layerwise)."""
+  if isinstance(value, dict):
+    value = [value]
+  if isinstance(value, list) and value and all(isinstance(c, dict) for c in value):
+    return [({"filter": str(c["filter"])} if c.get("filter") is not None else {}) | {"value": _number(c["value"])}
+            for c in value]
   return [float(v) for v in value] if isinstance(value, list) else float(value)
 
 
+def _mapped(value, fn):
+  """`value` (as `_number` gives it) with fn applied to each of its numbers."""
+  if isinstance(value, list):
+    return [c | {"value": _mapped(c["value"], fn)} if isinstance(c, dict) else fn(c) for c in value]
+  return fn(value)
+
+
 def _one_minus(value):
-  return [1 - v for v in value] if isinstance(value, list) else 1 - value
+  return _mapped(value, lambda v: 1 - v)
 
 
 def load_yaml(path: str) -> dict:
@@ -129,6 +142,7 @@ def from_mergekit(cfg: dict) -> dict:
   for key, value in params.items():
     if key in _IGNORED or key in ("weight", "density", "gamma", "epsilon"):  # read per model by _method
       continue
+    value = _number(value) if key in _GRADIENTS and isinstance(value, (dict, list)) else value
     options = _set_global(method, options, _GLOBAL.get(key, key), value, key)
   return {"method": method, "inputs": inputs, "options": options, "dtype": dtype, "vocab": vocab}
 
@@ -163,13 +177,22 @@ def _entry(m, where: str) -> tuple[str, dict]:
 def _scalar_or_list(value, where: str, allow_list: bool) -> None:
   if isinstance(value, (bool, int, float, str)):
     return
+  conditions = [value] if isinstance(value, dict) else value
+  if allow_list and isinstance(conditions, list) and conditions and all(isinstance(c, dict) for c in conditions):
+    for i, c in enumerate(conditions):  # mergekit's filtered value: [{filter, value}], the first match applies
+      if "value" not in c or set(c) - {"filter", "value"} or not isinstance(c.get("filter") or "", str):
+        raise ValueError(f"{where}[{i}]: a filtered value is {{filter: part of a tensor name, value: ...}}, "
+                         f"got {c!r}")
+      _scalar_or_list(c["value"], f"{where}[{i}].value", allow_list=True)
+    return
   if isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                for v in value):
     if allow_list:
       return
     raise ValueError(f"{where}: a gradient (one value per layer range) is supported for "
                      f"{', '.join(_GRADIENTS)} only; give one value")
-  raise ValueError(f"{where}: filtered or conditional values ({value!r}) are not supported; give one value")
+  raise ValueError(f"{where}: filtered or conditional values ({value!r}) are supported for "
+                   f"{', '.join(_GRADIENTS)} only; give one value")
 
 
 def _method(name: str, base: str | None, entries: list, params: dict) -> tuple[str, dict, dict]:
@@ -239,10 +262,9 @@ def _set_global(method: str, options: dict, key: str, value, mk_key: str) -> dic
   if method in ("task_arithmetic", "dare") and mk_key in ("lambda", "normalize"):
     lambdas = options["lambdas"]
     if mk_key == "lambda":
-      options["lambdas"] = [[x * float(value) for x in w] if isinstance(w, list) else w * float(value)
-                            for w in lambdas]
+      options["lambdas"] = [_mapped(w, lambda x: x * float(value)) for w in lambdas]
     elif value and any(isinstance(w, list) for w in lambdas):
-      raise ValueError(f"parameters.normalize: true with per-layer weights (a gradient) is not supported for "
+      raise ValueError(f"parameters.normalize: true with per-layer or filtered weights is not supported for "
                        f"{method}; give each weight as one value")
     elif value:
       options["lambdas"] = [w / sum(lambdas) for w in lambdas]
