@@ -82,6 +82,26 @@ def test_mergekit_passthrough_slices_of_another_depth_map_to_a_stack():
         {"sources": [{"model": llama, "layer_range": [0, 1]}, {"model": llama_b, "layer_range": [0, 1]}]}]})
 
 
+def test_passthrough_scale_per_slice_and_global():
+  trees = {"a": tiny(1.0), "b": tiny(2.0)}
+  nm = naming_for(list(trees["a"]))
+  zero_up = [{"filter": "up_proj", "value": 0.0}]
+  got = stack.stack_trees(trees, [("a", 0, 1), ("a", 0, 1, zero_up), ("b", 0, 3, [1.0, 3.0])], nm,
+                          scale=[{"filter": "lm_head", "value": 2.0}, {"filter": "layers.1.", "value": 5.0}])
+  value = lambda k: float(np.asarray(got[k]).ravel()[0])
+  assert value("model.layers.0.mlp.up_proj.weight") == 1.0  # no slice scale, the global one matches nothing
+  assert value("model.layers.1.mlp.up_proj.weight") == 0.0  # its own filter
+  # its own filter misses: the global one, matched against the output's name (a's block 0 is block 1 here)
+  assert value("model.layers.1.input_layernorm.weight") == 5.0
+  for k, (block, t) in enumerate(((0, 0.0), (1, 0.5), (2, 1.0)), start=2):  # a gradient along the slice
+    assert value(f"model.layers.{k}.mlp.up_proj.weight") == pytest.approx((2.0 + block / 10) * (1 + 2 * t))
+  # outside the blocks: the embedding the first slice's scale, the rest the last slice's, at t = 0
+  assert value("lm_head.weight") == 2.25 and value("model.norm.weight") == 2.5
+  assert value("model.embed_tokens.weight") == 1.0
+  assert np.asarray(got["model.layers.1.mlp.up_proj.weight"]).dtype == np.float64  # the input's dtype
+  assert stack.setting([{"filter": "x", "value": 1}], "y", 0.0) is None
+
+
 def _run_yaml(tmp_path, case: str, config: dict) -> str:
   from configs import merge_files
   from xlt.merge.__main__ import merge_config, with_yaml
@@ -93,7 +113,7 @@ def _run_yaml(tmp_path, case: str, config: dict) -> str:
   return out
 
 
-@pytest.mark.parametrize("case", ["repeat", "drop", "two_models"])
+@pytest.mark.parametrize("case", ["repeat", "drop", "two_models", "scaled"])
 def test_a_mergekit_stack_yaml_gives_mergekits_model(tmp_path, case):
   script = fixture_script()
   file = os.path.join(script.OUT, f"{case}.safetensors")
@@ -110,7 +130,7 @@ def test_a_mergekit_stack_yaml_gives_mergekits_model(tmp_path, case):
     assert json.load(f)["num_hidden_layers"] == int(meta["num_hidden_layers"])
 
 
-@pytest.mark.parametrize("case", ["repeat", "drop"])
+@pytest.mark.parametrize("case", ["repeat", "drop", "scaled"])
 def test_transformers_loads_the_stack_with_mergekits_logits(tmp_path, case):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
@@ -124,7 +144,7 @@ def test_transformers_loads_the_stack_with_mergekits_logits(tmp_path, case):
   np.testing.assert_allclose(got, np.load(os.path.join(script.OUT, f"{case}_logits.npy")), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["repeat", "two_models"])
+@pytest.mark.parametrize("case", ["repeat", "two_models", "scaled"])
 def test_stack_matches_mergekit_live(tmp_path, case):
   pytest.importorskip("mergekit")
   script = fixture_script()

@@ -111,11 +111,12 @@ def merge_config(c, *, overwrite: bool = False) -> dict:
 
 def _stack(c: dict, options: dict, overwrite: bool) -> dict:
   """The layer stack (xlt.merge.stack) of options["slices"], written to c["output"]."""
-  if unknown := sorted(set(options) - {"slices"}):
-    raise ValueError(f"layer_stack takes the option slices only, got {', '.join(unknown)}")
+  if unknown := sorted(set(options) - {"slices", "scale"}):
+    raise ValueError(f"layer_stack takes the options slices and scale only, got {', '.join(unknown)}")
   if c.get("vocab"):
     raise ValueError("vocab: a layer stack takes its embedding and head as they are (no vocab option)")
-  return stack.stack_files(options.get("slices") or [], c["output"], naming=c.get("naming", "auto"),
+  return stack.stack_files(options.get("slices") or [], c["output"], scale=options.get("scale"),
+                           naming=c.get("naming", "auto"),
                            dtype=c.get("dtype") or None, overwrite=overwrite,
                            max_shard_bytes=c.get("max_shard_size") or hf.DEFAULT_MAX_SHARD_BYTES)
 

@@ -134,7 +134,11 @@ def from_mergekit(cfg: dict) -> dict:
   if bool(cfg.get("models")) == bool(cfg.get("slices")):
     raise ValueError("models / slices: give exactly one of them")
   if cfg.get("slices") and name == "passthrough":
-    return _passthrough(cfg["slices"]) | {"dtype": dtype, "vocab": vocab}
+    if unknown := sorted(set(params) - {"scale"}):
+      raise ValueError(f"parameters.{unknown[0]}: passthrough takes scale only")
+    for key, value in params.items():
+      _scalar_or_list(value, f"parameters.{key}", allow_list=True)
+    return _passthrough(cfg["slices"], params.get("scale")) | {"dtype": dtype, "vocab": vocab}
   models = cfg.get("models") or _one_slice(cfg["slices"])
   for key, value in params.items():
     _scalar_or_list(value, f"parameters.{key}", allow_list=key in _GRADIENTS)
@@ -321,7 +325,7 @@ def _one_slice(slices) -> list[dict]:
   return [{"model": m, "parameters": p} for m, _, p in rows[0]]
 
 
-def _passthrough(slices) -> dict:
+def _passthrough(slices, scale=None) -> dict:
   """layer_swap from passthrough slices A [0, b), B [b, L-u), A [L-u, L) (each layer at its own
   position, the embedding and head from A); any other stack (slices that repeat, reorder or drop
   layers: a "frankenmerge" of another depth) is a layer_stack (xlt.merge.stack: the embedding
@@ -330,25 +334,28 @@ def _passthrough(slices) -> dict:
   parts = []
   for i, row in enumerate(rows):
     (model, (lo, hi), params), *more = row
-    if more or params:
-      raise ValueError(f"slices[{i}]: a passthrough slice takes one source without parameters")
+    if more or set(params) - {"scale"}:
+      raise ValueError(f"slices[{i}]: a passthrough slice takes one source, with parameters scale only")
     if hi <= lo or lo < 0:
       raise ValueError(f"slices[{i}]: layer_range [{lo}, {hi}] must be 0 <= lo < hi")
-    parts.append((model, lo, hi))
-  models = [m for m, _, _ in parts]
+    if "scale" in params:
+      _scalar_or_list(params["scale"], f"slices[{i}].sources[0].parameters.scale", allow_list=True)
+    parts.append((model, lo, hi) + ((params["scale"],) if "scale" in params else ()))
+  models = [p[0] for p in parts]
   contiguous = all(parts[i][1] == (parts[i - 1][2] if i else 0) for i in range(len(parts)))
-  if contiguous and len(parts) == 3 and models[0] == models[2] != models[1] and \
+  scaled = scale is not None or any(len(p) > 3 for p in parts)
+  if contiguous and not scaled and len(parts) == 3 and models[0] == models[2] != models[1] and \
      _num_layers(models[0]) in (None, parts[-1][2]):  # every layer of A's depth at its own position
     outer, inner = models[0], models[1]
     bottom, top = parts[0][2], parts[2][2] - parts[2][1]
     return {"method": "layer_swap", "inputs": {"task_expert": inner, "language_expert": outer},
             "options": {"bottom": bottom, "top": top, "non_block": "language", "num_blocks": parts[-1][2]}}
-  for i, (model, lo, hi) in enumerate(parts):
+  for i, (model, lo, hi, *_) in enumerate(parts):
     layers = _num_layers(model)
     if layers is not None and hi > layers:
       raise ValueError(f"slices[{i}]: layer_range [{lo}, {hi}] runs past {model}'s {layers} layers")
   return {"method": "layer_stack", "inputs": {"models": list(dict.fromkeys(models))},
-          "options": {"slices": [[m, lo, hi] for m, lo, hi in parts]}}
+          "options": {"slices": [list(p) for p in parts]} | ({"scale": scale} if scale is not None else {})}
 
 
 def flags_aliases(method: str, inputs: dict, options: dict) -> tuple[str, dict]:
