@@ -52,11 +52,13 @@ def test_a_per_model_gradient_yaml_gives_mergekits_merge(tmp_path, models, case)
   with safe_open(file, "np") as f:
     assert json.loads(f.metadata()["mergekit_config"]) == script.CASES[case]
   want, got = load_file(file), run_yaml(tmp_path, case, models)
-  for k in script.TENSORS:
+  assert sorted(want) == sorted(k for k in script.TENSORS if k in got)
+  for k in want:
     np.testing.assert_allclose(got[k], want[k], rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"{case} {k}")
   # the gradient matters: the blocks differ from what the gradient's first value alone gives
-  first = {k: v for k, v in want.items() if ".layers.3." in k}
-  assert any(np.abs(first[k] - want[k.replace(".layers.3.", ".layers.0.")]).max() > 1e-3 for k in first)
+  last = max(int(k.split(".")[2]) for k in want if ".layers." in k)
+  first = {k: v for k, v in want.items() if f".layers.{last}." in k}
+  assert any(np.abs(first[k] - want[k.replace(f".layers.{last}.", ".layers.0.")]).max() > 1e-3 for k in first)
 
 
 def test_per_model_gradients_map_to_per_expert_lists():
@@ -107,7 +109,7 @@ def test_a_per_expert_gradient_is_each_blocks_merge_by_hand():
     registry.merge("della", {"base": base, "experts": [a, b]}, {"density": [[0.5, 0.9], 0.5]}, naming="hf")
 
 
-@pytest.mark.parametrize("case", ["ties", "breadcrumbs", "slerp_filter"])
+@pytest.mark.parametrize("case", ["ties", "breadcrumbs", "slerp_filter", "ties_slices"])
 def test_gradients_match_mergekit_live(tmp_path, models, case):
   pytest.importorskip("mergekit")
   script = fixture_script()
@@ -115,3 +117,22 @@ def test_gradients_match_mergekit_live(tmp_path, models, case):
   got = run_yaml(tmp_path, case, models)
   for k in want:
     np.testing.assert_allclose(got[k], want[k], rtol=TOLERANCE, atol=TOLERANCE, err_msg=k)
+
+
+def test_slices_map_to_a_merge_over_slices_of_their_depth(tmp_path, models):
+  script = fixture_script()
+  mapped = from_mergekit.from_mergekit(script.with_paths(script.CASES["linear_slices"], models))
+  assert mapped["method"] == "layer_slices" and mapped["options"]["merge_method"] == "soup"
+  assert mapped["options"]["ranges"] == [[[0, 2], [0, 2]], [[3, 4], [2, 3]]]
+  assert mapped["options"]["per_slice"] == [{"weights": [1.0, [0.0, 1.0]]}, {"weights": [0.3, 0.7]}]
+  run_yaml(tmp_path, "linear_slices", models)
+  with open(tmp_path / "linear_slices" / "config.json") as f:
+    assert json.load(f)["num_hidden_layers"] == 3
+  bad = script.with_paths(script.CASES["linear_slices"], models)
+  bad["slices"][1]["sources"].reverse()
+  with pytest.raises(ValueError, match=r"slices\[1\]: its sources are .* the same models in the same order"):
+    from_mergekit.from_mergekit(bad)
+  bad["slices"][1]["sources"].reverse()
+  bad["slices"][1]["sources"][1]["layer_range"] = [2, 4]
+  with pytest.raises(ValueError, match=r"slices\[1\]: its sources' layer ranges must be non-empty and of one length"):
+    from_mergekit.from_mergekit(bad)

@@ -294,9 +294,14 @@ def test_mergekit_example_files(tmp_path):
   assert got["method"] == "ties" and got["options"] == {
       "lambdas": [1.0, [0.0, 0.3, 0.7, 1.0]], "convention": "mergekit", "density": [1.0, 0.7, 0.1],
       "densities": [[1.0, 0.7, 0.1], 0.5]}
-  key = r"slices\[0\]: layer_range \[0, 40\] of psmathur/orca_mini_v3_13b must cover"
-  with pytest.raises(ValueError, match=f"mergekit config .*slerp.yml: {key}"):
+  # the example's old `pattern:` key (mergekit now reads `filter:`) is named; with filter it maps
+  # to a merge over slices (its sources' depth is unknown here: no config.json), t by tensor name
+  with pytest.raises(ValueError, match=r"mergekit config .*slerp.yml: parameters.t\[0\]: a filtered value is"):
     from_mergekit.load_yaml(str(tmp_path / "slerp.yml"))
+  (tmp_path / "slerp.yml").write_text(GRADIENT_SLERP_YML.replace("pattern:", "filter:"))
+  got = from_mergekit.load_yaml(str(tmp_path / "slerp.yml"))
+  assert got["method"] == "layer_slices" and got["options"]["merge_method"] == "slerp"
+  assert got["options"]["per_slice"][0]["t"][0] == {"filter": "self_attn", "value": [0.0, 0.5, 0.3, 0.7, 1.0]}
 
 
 @pytest.mark.parametrize("cfg, key", [

@@ -41,7 +41,7 @@ from ml_collections import config_flags
 
 from xlt.io import config_files, fileio
 from xlt.io import hf_dir as hf
-from xlt.merge import from_mergekit, registry, stack, tool
+from xlt.merge import from_mergekit, registry, sliced, stack, tool
 
 # the config a mergekit YAML is laid over (so --config.output=... works beside it), found in a
 # checkout or in the installed package alike (xlt.io.config_files)
@@ -89,8 +89,8 @@ def merge_config(c, *, overwrite: bool = False) -> dict:
   c = c.to_dict() if hasattr(c, "to_dict") else dict(c)
   options = {k: list(v) if isinstance(v, tuple) else v for k, v in (c.get("options") or {}).items()}
   raw_inputs = c.get("inputs") or {}
-  if c["method"] == "layer_stack":  # mergekit's passthrough "frankenmerge": no tensor is merged
-    summary = _stack(c, options, overwrite)
+  if c["method"] in ("layer_stack", "layer_slices"):  # mergekit's passthrough stacks, merges over slices
+    summary = _stack(c, options, overwrite) if c["method"] == "layer_stack" else _sliced(c, options, overwrite)
     fileio.write_text(os.path.join(c["output"], "summary.json"), json.dumps(summary, indent=1) + "\n")
     fileio.write_text(os.path.join(c["output"], "merge_config.json"), json.dumps(c, indent=1, default=str) + "\n")
     return summary
@@ -119,6 +119,16 @@ def _stack(c: dict, options: dict, overwrite: bool) -> dict:
                            naming=c.get("naming", "auto"),
                            dtype=c.get("dtype") or None, overwrite=overwrite,
                            max_shard_bytes=c.get("max_shard_size") or hf.DEFAULT_MAX_SHARD_BYTES)
+
+
+def _sliced(c: dict, options: dict, overwrite: bool) -> dict:
+  """The merge over slices (xlt.merge.sliced) a mergekit YAML's slices map to."""
+  if c.get("vocab"):
+    raise ValueError("vocab: a merge over slices takes the inputs' vocabularies as they are (no vocab option)")
+  return sliced.merge_sliced(options["merge_method"], c.get("inputs") or {}, options["ranges"], options["models"],
+                             options["per_slice"], c["output"], naming=c.get("naming", "auto"),
+                             dtype=c.get("dtype") or None, overwrite=overwrite,
+                             max_shard_bytes=c.get("max_shard_size") or hf.DEFAULT_MAX_SHARD_BYTES)
 
 
 def with_yaml(c, path: str) -> dict:

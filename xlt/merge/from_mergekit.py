@@ -5,8 +5,9 @@ What maps: `merge_method` (a method both tools have; mergekit's linear is xlt's 
 xlt's dare), `base_model`, `models: [{model, parameters: {weight, density, ...}}]` (the base
 may be listed among them, as mergekit allows), global `parameters` (normalize, lambda, t,
 rescale, ...), `dtype` / `out_dtype` (the output's dtype: xlt always computes in float32),
-`tokenizer_source: base|union` (xlt's vocab option), and `slices` in two shapes: one slice
-whose sources all cover every layer (the same as `models`), and a passthrough layer swap
+`tokenizer_source: base|union` (xlt's vocab option), and `slices`: one slice whose sources all
+cover every layer (the same as `models`), other slices of a merge method (xlt.merge.sliced: a
+merge over slices, parameters per slice), and a passthrough layer swap
 (model A's layers [0, b) and [L-u, L), model B's [b, L-u), each at its own position), and any
 other passthrough stack, one that repeats, reorders or drops layers (a "frankenmerge":
 xlt.merge.stack, the output of its own depth). Per-model values (weight, density, gamma,
@@ -139,16 +140,60 @@ def from_mergekit(cfg: dict) -> dict:
     for key, value in params.items():
       _scalar_or_list(value, f"parameters.{key}", allow_list=True)
     return _passthrough(cfg["slices"], params.get("scale")) | {"dtype": dtype, "vocab": vocab}
-  models = cfg.get("models") or _one_slice(cfg["slices"])
   for key, value in params.items():
     _scalar_or_list(value, f"parameters.{key}", allow_list=key in _GRADIENTS)
-  method, inputs, options = _method(name, base, [_entry(m, f"models[{i}]") for i, m in enumerate(models)], params)
+  if cfg.get("slices") and not _whole_models(cfg["slices"]):
+    return _over_slices(name, base, cfg["slices"], params) | {"dtype": dtype, "vocab": vocab}
+  models = cfg.get("models") or _one_slice(cfg["slices"])
+  method, inputs, options = _merge(name, base, [_entry(m, f"models[{i}]") for i, m in enumerate(models)], params)
+  return {"method": method, "inputs": inputs, "options": options, "dtype": dtype, "vocab": vocab}
+
+
+def _merge(name: str, base: str | None, entries: list, params: dict) -> tuple[str, dict, dict]:
+  """(xlt method, inputs, options) of mergekit method `name` on the models `entries` with the
+  global parameters `params`."""
+  method, inputs, options = _method(name, base, entries, params)
   for key, value in params.items():
     if key in _IGNORED or key in ("weight", "density", "gamma", "epsilon"):  # read per model by _method
       continue
     value = _number(value) if key in _GRADIENTS and isinstance(value, (dict, list)) else value
     options = _set_global(method, options, _GLOBAL.get(key, key), value, key)
-  return {"method": method, "inputs": inputs, "options": options, "dtype": dtype, "vocab": vocab}
+  return method, inputs, options
+
+
+def _whole_models(slices) -> bool:
+  """Whether `slices` is one slice whose sources each cover every layer of their model."""
+  rows = _sources(slices)
+  return len(rows) == 1 and all(lo == 0 and hi == _num_layers(m) for m, (lo, hi), _ in rows[0])
+
+
+def _over_slices(name: str, base: str | None, slices, params: dict) -> dict:
+  """layer_slices (xlt.merge.sliced): the merge of each slice's sources, their blocks stacked.
+  Every slice lists the same models in the same order, ranges of one length within a slice."""
+  rows = _sources(slices)
+  models = [m for m, _, _ in rows[0]]
+  if len(set(models)) != len(models):
+    raise ValueError("slices[0]: a model appears twice in one slice; xlt merges each model once per slice")
+  per_slice, ranges, first = [], [], None
+  for i, row in enumerate(rows):
+    if [m for m, _, _ in row] != models:
+      raise ValueError(f"slices[{i}]: its sources are {[m for m, _, _ in row]}; xlt merges over slices that "
+                       f"list the same models in the same order ({models})")
+    if len({hi - lo for _, (lo, hi), _ in row}) != 1 or any(hi <= lo or lo < 0 for _, (lo, hi), _ in row):
+      raise ValueError(f"slices[{i}]: its sources' layer ranges must be non-empty and of one length")
+    for m, (lo, hi), _ in row:
+      layers = _num_layers(m)
+      if layers is not None and hi > layers:
+        raise ValueError(f"slices[{i}]: layer_range [{lo}, {hi}] runs past {m}'s {layers} layers")
+    entries = [_entry({"model": m, "parameters": p}, f"slices[{i}].sources[{j}]") for j, (m, _, p) in enumerate(row)]
+    method, inputs, options = _merge(name, base, entries, params)
+    first = first or (method, inputs)
+    per_slice.append(options)
+    ranges.append([list(r) for _, r, _ in row])
+  if base is not None and base not in models:
+    raise ValueError(f"base_model: {base} must be a source of every slice")
+  return {"method": "layer_slices", "inputs": first[1],
+          "options": {"merge_method": first[0], "models": models, "ranges": ranges, "per_slice": per_slice}}
 
 
 def _model(ref, where: str) -> str:
