@@ -26,7 +26,7 @@ from xlt.io import fileio
 from xlt.merge import core, registry
 
 _TOP_KEYS = ("merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype",
-             "tokenizer_source")
+             "tokenizer_source", "tokenizer", "chat_template")
 _SPARSE = ("dare_ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear")
 
 
@@ -130,7 +130,11 @@ def from_mergekit(cfg: dict) -> dict:
     raise ValueError(f"merge_method: {name!r} is not one of the methods both tools have: {', '.join(_METHODS)}")
   base = _model(cfg.get("base_model"), "base_model") if cfg.get("base_model") else None
   params = dict(cfg.get("parameters") or {})
-  vocab = _vocab(cfg.get("tokenizer_source"))
+  vocab = _vocab(cfg.get("tokenizer_source")) if "tokenizer" not in cfg else _tokenizer(cfg)
+  template = cfg.get("chat_template")
+  if template is not None and (not isinstance(template, str) or not template):
+    raise ValueError(f"chat_template: Jinja text or auto, got {template!r}")
+  extra = {"chat_template": template} if template else {}
   dtype = cfg.get("out_dtype") or cfg.get("dtype") or None
   if bool(cfg.get("models")) == bool(cfg.get("slices")):
     raise ValueError("models / slices: give exactly one of them")
@@ -139,14 +143,14 @@ def from_mergekit(cfg: dict) -> dict:
       raise ValueError(f"parameters.{unknown[0]}: passthrough takes scale only")
     for key, value in params.items():
       _scalar_or_list(value, f"parameters.{key}", allow_list=True)
-    return _passthrough(cfg["slices"], params.get("scale")) | {"dtype": dtype, "vocab": vocab}
+    return _passthrough(cfg["slices"], params.get("scale")) | {"dtype": dtype, "vocab": vocab} | extra
   for key, value in params.items():
     _scalar_or_list(value, f"parameters.{key}", allow_list=key in _GRADIENTS)
   if cfg.get("slices") and not _whole_models(cfg["slices"]):
-    return _over_slices(name, base, cfg["slices"], params) | {"dtype": dtype, "vocab": vocab}
+    return _over_slices(name, base, cfg["slices"], params) | {"dtype": dtype, "vocab": vocab} | extra
   models = cfg.get("models") or _one_slice(cfg["slices"])
   method, inputs, options = _merge(name, base, [_entry(m, f"models[{i}]") for i, m in enumerate(models)], params)
-  return {"method": method, "inputs": inputs, "options": options, "dtype": dtype, "vocab": vocab}
+  return {"method": method, "inputs": inputs, "options": options, "dtype": dtype, "vocab": vocab} | extra
 
 
 def _merge(name: str, base: str | None, entries: list, params: dict) -> tuple[str, dict, dict]:
@@ -210,6 +214,20 @@ def _vocab(source) -> str | None:
   if source in (None, "base", "union"):
     return source
   raise ValueError(f"tokenizer_source: {source!r}; xlt maps base and union (its vocab option) only")
+
+
+def _tokenizer(cfg: dict) -> str | None:
+  """vocab of mergekit's `tokenizer: {source: base|union}` (as tokenizer_source maps)."""
+  block = cfg["tokenizer"]
+  if "tokenizer_source" in cfg:
+    raise ValueError("tokenizer / tokenizer_source: give one of them")
+  if not isinstance(block, dict) or set(block) - {"source"}:
+    extra = sorted(set(block) - {"source"})[0] if isinstance(block, dict) else "source"
+    raise ValueError(f"tokenizer.{extra}: not supported by xlt (it maps tokenizer: {{source: base|union}})")
+  try:
+    return _vocab(block.get("source"))
+  except ValueError:
+    raise ValueError(f"tokenizer.source: {block.get('source')!r}; xlt maps base and union only") from None
 
 
 def _entry(m, where: str) -> tuple[str, dict]:
