@@ -16,8 +16,8 @@ Face model directory (xlt.merge.tool: config and tokenizer from an input that ha
 safetensors shards above `max_shard_size`, a model card), with the delta heatmaps (with a
 base among the inputs) and summary.json.
 A mergekit YAML maps onto the same config (xlt.merge.from_mergekit: its methods, models,
-parameters, dtype, tokenizer_source, layer-swap slices and other passthrough layer stacks; any
-other key is refused by name);
+parameters, dtype, tokenizer_source / tokenizer, chat_template, slices (layer swaps, layer stacks,
+merges over slices); any other key is refused by name);
 --config.<field> flags given beside it override what it sets.
 A user error (method, inputs, options, files: a truncated file, a tensor missing from one
 input, shapes or dtypes that differ, an architecture a layer-aware method does not know) is one
