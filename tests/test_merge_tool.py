@@ -284,23 +284,39 @@ def test_mergekit_example_files(tmp_path):
   assert got == {"method": "soup", "dtype": "float16", "vocab": None, "options": {"weights": [1.0, 0.3, 0.5]},
                  "inputs": {"experts": ["psmathur/orca_mini_v3_13b", "WizardLM/WizardLM-13B-V1.2",
                                         "garage-bAInd/Platypus2-13B"]}}
-  for name, key in (("ties", r"models\[0\].parameters.density: a gradient"),
-                    ("slerp", r"slices\[0\]: layer_range \[0, 40\] of psmathur/orca_mini_v3_13b must cover"),
-                    ("stack", r"slices\[1\]: layer_range \[20, 40\] must start at 24")):
-    with pytest.raises(ValueError, match=f"mergekit config .*{name}.yml: {key}"):
-      from_mergekit.load_yaml(str(tmp_path / f"{name}.yml"))
+  # a frankenmerge of 44 layers (four repeated): xlt.merge.stack, tests/test_merge_stack.py
+  got = from_mergekit.load_yaml(str(tmp_path / "stack.yml"))
+  assert got == {"method": "layer_stack", "dtype": "float16", "vocab": None,
+                 "inputs": {"models": ["psmathur/orca_mini_v3_13b", "garage-bAInd/Platypus2-13B"]},
+                 "options": {"slices": [["psmathur/orca_mini_v3_13b", 0, 24], ["garage-bAInd/Platypus2-13B", 20, 40]]}}
+  # per-model gradients: lists over the layers (xlt.merge.layerwise), tests/test_merge_gradients.py
+  got = from_mergekit.load_yaml(str(tmp_path / "ties.yml"))
+  assert got["method"] == "ties" and got["options"] == {
+      "lambdas": [1.0, [0.0, 0.3, 0.7, 1.0]], "convention": "mergekit", "density": [1.0, 0.7, 0.1],
+      "densities": [[1.0, 0.7, 0.1], 0.5]}
+  # the example's old `pattern:` key (mergekit now reads `filter:`) is named; with filter it maps
+  # to a merge over slices (its sources' depth is unknown here: no config.json), t by tensor name
+  with pytest.raises(ValueError, match=r"mergekit config .*slerp.yml: parameters.t\[0\]: a filtered value is"):
+    from_mergekit.load_yaml(str(tmp_path / "slerp.yml"))
+  (tmp_path / "slerp.yml").write_text(GRADIENT_SLERP_YML.replace("pattern:", "filter:"))
+  got = from_mergekit.load_yaml(str(tmp_path / "slerp.yml"))
+  assert got["method"] == "layer_slices" and got["options"]["merge_method"] == "slerp"
+  assert got["options"]["per_slice"][0]["t"][0] == {"filter": "self_attn", "value": [0.0, 0.5, 0.3, 0.7, 1.0]}
 
 
 @pytest.mark.parametrize("cfg, key", [
     ({"merge_method": "ties", "models": [{"model": "a"}], "base_model": "b", "tokenizer": {"source": "x"}},
-     "tokenizer: not supported"),
-    ({"merge_method": "slerp", "base_model": "a", "models": [{"model": "a"}, {"model": "b"}],
-      "parameters": {"t": [{"filter": "self_attn", "value": [0, 1]}, {"value": 0.5}]}}, "parameters.t: filtered"),
-    ({"merge_method": "ties", "base_model": "a", "models": [{"model": "b", "parameters": {"weight": [1, 0]}}]},
-     r"models\[0\].parameters.weight: a gradient"),
+     "tokenizer.source: 'x'; xlt maps base and union only"),
+    ({"merge_method": "ties", "models": [{"model": "a"}], "base_model": "b",
+      "tokenizer": {"source": "union", "tokens": {"<x>": {"source": "a"}}}}, "tokenizer.tokens: not supported"),
+    ({"merge_method": "sce", "base_model": "a", "models": [{"model": "b"}],
+      "parameters": {"select_topk": [{"filter": "self_attn", "value": 0.1}, {"value": 0.5}]}},
+     "parameters.select_topk: filtered or conditional values .* are supported for t, weight"),
+    ({"merge_method": "ties", "base_model": "a", "models": [{"model": "b", "parameters": {"lambda": [1, 0]}}]},
+     r"models\[0\].parameters.lambda: a gradient"),
     ({"merge_method": "passthrough", "slices": [{"sources": [{"model": "a", "layer_range": [0, 24]}]},
-                                                {"sources": [{"model": "b", "layer_range": [20, 40]}]}]},
-     r"slices\[1\]: layer_range \[20, 40\] must start at 24"),
+                                                {"sources": [{"model": "b", "layer_range": [20, 20]}]}]},
+     r"slices\[1\]: layer_range \[20, 20\] must be 0 <= lo < hi"),
     ({"merge_method": "model_breadcrumbs", "models": [{"model": "a"}]}, "merge_method: 'model_breadcrumbs'"),
     ({"merge_method": "linear", "models": [{"model": "a+lora"}]}, "LoRA adapter"),
 ])

@@ -16,7 +16,8 @@ Face model directory (xlt.merge.tool: config and tokenizer from an input that ha
 safetensors shards above `max_shard_size`, a model card), with the delta heatmaps (with a
 base among the inputs) and summary.json.
 A mergekit YAML maps onto the same config (xlt.merge.from_mergekit: its methods, models,
-parameters, dtype, tokenizer_source and layer-swap slices; any other key is refused by name);
+parameters, dtype, tokenizer_source / tokenizer, chat_template, slices (layer swaps, layer stacks,
+merges over slices); any other key is refused by name);
 --config.<field> flags given beside it override what it sets.
 A user error (method, inputs, options, files: a truncated file, a tensor missing from one
 input, shapes or dtypes that differ, an architecture a layer-aware method does not know) is one
@@ -40,7 +41,7 @@ from ml_collections import config_flags
 
 from xlt.io import config_files, fileio
 from xlt.io import hf_dir as hf
-from xlt.merge import from_mergekit, registry, tool
+from xlt.merge import chat, from_mergekit, registry, sliced, stack, tool
 
 # the config a mergekit YAML is laid over (so --config.output=... works beside it), found in a
 # checkout or in the installed package alike (xlt.io.config_files)
@@ -60,7 +61,7 @@ _EVALUATE_ARGS = flags.DEFINE_string("evaluate_args", "", "more flags of python 
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "replace the output directory even when it is a non-empty "
                                "directory xlt did not write")
 FIELDS = ("method", "inputs", "options", "naming", "heatmaps", "output", "config_from", "max_shard_size", "dtype",
-          "vocab")
+          "vocab", "chat_template")
 
 
 def inputs_of(method: str, inputs: dict) -> dict:
@@ -88,6 +89,14 @@ def merge_config(c, *, overwrite: bool = False) -> dict:
   c = c.to_dict() if hasattr(c, "to_dict") else dict(c)
   options = {k: list(v) if isinstance(v, tuple) else v for k, v in (c.get("options") or {}).items()}
   raw_inputs = c.get("inputs") or {}
+  template = _chat_template(c, raw_inputs, options)
+  if c["method"] in ("layer_stack", "layer_slices"):  # mergekit's passthrough stacks, merges over slices
+    summary = _stack(c, options, overwrite) if c["method"] == "layer_stack" else _sliced(c, options, overwrite)
+    if template:
+      chat.write(summary["output"], template)
+    fileio.write_text(os.path.join(c["output"], "summary.json"), json.dumps(summary, indent=1) + "\n")
+    fileio.write_text(os.path.join(c["output"], "merge_config.json"), json.dumps(c, indent=1, default=str) + "\n")
+    return summary
   c["method"], options = from_mergekit.flags_aliases(c["method"], raw_inputs, options)
   if any(o.tree and o.required for o in registry.get(c["method"]).options):  # RegMean, Fisher: statistics
     raise ValueError(f"{c['method']} weighs the experts by statistics of their data: run python -m xlt.merge_data "
@@ -97,10 +106,45 @@ def merge_config(c, *, overwrite: bool = False) -> dict:
                              config_from=c.get("config_from") or None,
                              max_shard_bytes=c.get("max_shard_size") or hf.DEFAULT_MAX_SHARD_BYTES,
                              dtype=c.get("dtype") or None, vocab=c.get("vocab") or None, overwrite=overwrite)
+  if template:
+    chat.write(summary["output"], template)
   fileio.write_text(os.path.join(c["output"], "summary.json"), json.dumps(summary, indent=1) + "\n")
   ran = {**c, "options": options}
   fileio.write_text(os.path.join(c["output"], "merge_config.json"), json.dumps(ran, indent=1, default=str) + "\n")
   return summary
+
+
+def _chat_template(c: dict, inputs: dict, options: dict) -> str | None:
+  """The chat template the output gets (mergekit's chat_template: Jinja text or "auto"), checked
+  before the merge; None to keep the copied tokenizer's."""
+  if not c.get("chat_template"):
+    return None
+  paths = [p for v in inputs.values() for p in (v.split(",") if isinstance(v, str) else v)]
+  paths += [s[0] for s in options.get("slices") or []] + list(options.get("models") or [])
+  models = list(dict.fromkeys(str(p).partition("+")[0] for p in paths if p))
+  return chat.resolve(str(c["chat_template"]), models)
+
+
+def _stack(c: dict, options: dict, overwrite: bool) -> dict:
+  """The layer stack (xlt.merge.stack) of options["slices"], written to c["output"]."""
+  if unknown := sorted(set(options) - {"slices", "scale"}):
+    raise ValueError(f"layer_stack takes the options slices and scale only, got {', '.join(unknown)}")
+  if c.get("vocab"):
+    raise ValueError("vocab: a layer stack takes its embedding and head as they are (no vocab option)")
+  return stack.stack_files(options.get("slices") or [], c["output"], scale=options.get("scale"),
+                           naming=c.get("naming", "auto"),
+                           dtype=c.get("dtype") or None, overwrite=overwrite,
+                           max_shard_bytes=c.get("max_shard_size") or hf.DEFAULT_MAX_SHARD_BYTES)
+
+
+def _sliced(c: dict, options: dict, overwrite: bool) -> dict:
+  """The merge over slices (xlt.merge.sliced) a mergekit YAML's slices map to."""
+  if c.get("vocab"):
+    raise ValueError("vocab: a merge over slices takes the inputs' vocabularies as they are (no vocab option)")
+  return sliced.merge_sliced(options["merge_method"], c.get("inputs") or {}, options["ranges"], options["models"],
+                             options["per_slice"], c["output"], naming=c.get("naming", "auto"),
+                             dtype=c.get("dtype") or None, overwrite=overwrite,
+                             max_shard_bytes=c.get("max_shard_size") or hf.DEFAULT_MAX_SHARD_BYTES)
 
 
 def with_yaml(c, path: str) -> dict:

@@ -73,13 +73,32 @@ class Option:
     return self.default is REQUIRED
 
 
+def _numbers(v) -> bool:
+  return isinstance(v, (list, tuple)) and bool(v) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                          for x in v)
+
+
+def filtered(v) -> bool:
+  """Whether `v` is mergekit's filtered value: a list of {filter: substring of the tensor's name
+  (absent: every tensor), value: a number or a per-layer list}, the first match applying."""
+  return (isinstance(v, (list, tuple)) and bool(v) and all(isinstance(c, dict) and "value" in c for c in v))
+
+
 def per_layer_options(m, options: dict) -> list[str]:
   """The options of a call to method `m` given as per-layer lists (xlt.merge.layerwise): float
-  options (declared plain `float`) whose value is a list or tuple of numbers."""
+  options (declared plain `float`) whose value is a list or tuple of numbers, and per-expert
+  options (declared `Sequence[float]`) of which some expert's value is such a list (mergekit's
+  per-model gradient, e.g. `weight: [0, 0.5, 1]` under one model); either may be `filtered`
+  (values by tensor name, mergekit's `filter:`)."""
   floats = {o.name for o in m.options if o.type in ("float", "float | None")}
+  scalars = {o.name for o in m.options if o.type.startswith("float")}
+  per_expert = {o.name for o in m.options if "Sequence[float]" in o.type}
+  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
   return [k for k, v in (options or {}).items()
-          if k in floats and isinstance(v, (list, tuple))
-          and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)]
+          if (k in floats and _numbers(v)) or (k in scalars and filtered(v))
+          or (k in per_expert and isinstance(v, (list, tuple)) and not filtered(v)
+              and any(_numbers(x) or filtered(x) for x in v)
+              and all(_numbers(x) or filtered(x) or number(x) for x in v))]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,11 +5,14 @@ What maps: `merge_method` (a method both tools have; mergekit's linear is xlt's 
 xlt's dare), `base_model`, `models: [{model, parameters: {weight, density, ...}}]` (the base
 may be listed among them, as mergekit allows), global `parameters` (normalize, lambda, t,
 rescale, ...), `dtype` / `out_dtype` (the output's dtype: xlt always computes in float32),
-`tokenizer_source: base|union` (xlt's vocab option), and `slices` in two shapes: one slice
-whose sources all cover every layer (the same as `models`), and a passthrough layer swap
-(model A's layers [0, b) and [L-u, L), model B's [b, L-u), each at its own position).
-Everything else (per-layer gradients of a per-model value, `filter`ed values, layer stacks
-that change the depth, tokenizer and chat template blocks)
+`tokenizer_source: base|union` (xlt's vocab option), and `slices`: one slice whose sources all
+cover every layer (the same as `models`), other slices of a merge method (xlt.merge.sliced: a
+merge over slices, parameters per slice), and a passthrough layer swap
+(model A's layers [0, b) and [L-u, L), model B's [b, L-u), each at its own position), and any
+other passthrough stack, one that repeats, reorders or drops layers (a "frankenmerge":
+xlt.merge.stack, the output of its own depth). Per-model values (weight, density, gamma,
+epsilon) may be gradients over the layers or `filter`ed values (by tensor name), as t may
+(xlt.merge.layerwise). Everything else (other filtered values, tokenizer and chat template blocks)
 is refused with one line naming the key. mergekit's defaults are written out where xlt's
 differ (density 1.0, ties/dare in mergekit's convention), so a mapped merge is mergekit's.
 """
@@ -23,7 +26,7 @@ from xlt.io import fileio
 from xlt.merge import core, registry
 
 _TOP_KEYS = ("merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype",
-             "tokenizer_source")
+             "tokenizer_source", "tokenizer", "chat_template")
 _SPARSE = ("dare_ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear")
 
 
@@ -50,6 +53,31 @@ _PER_MODEL = {"soup": {"weight": "weights"}, "karcher": {"weight": "weights"},
 # global parameters: mergekit's name -> xlt's option (names the same on both sides are implied)
 _GLOBAL = {"lambda": "scale", "nuslerp_row_wise": "row_wise", "nuslerp_flatten": "flatten"}
 _IGNORED = ("int8_mask",)  # mergekit's memory knob: no effect on the result
+# values that may be gradients (a list: interpolated over the blocks, xlt.merge.layerwise), per
+# model or global: the per-model ones and slerp's / nearswap's t
+_GRADIENTS = ("t", "weight", "density", "gamma", "epsilon")
+
+
+def _number(value):
+  """A parameter's value as xlt takes it: a float, a gradient's list of floats, or a filtered
+  value's list of {filter, value} (xlt.merge.layerwise)."""
+  if isinstance(value, dict):
+    value = [value]
+  if isinstance(value, list) and value and all(isinstance(c, dict) for c in value):
+    return [({"filter": str(c["filter"])} if c.get("filter") is not None else {}) | {"value": _number(c["value"])}
+            for c in value]
+  return [float(v) for v in value] if isinstance(value, list) else float(value)
+
+
+def _mapped(value, fn):
+  """`value` (as `_number` gives it) with fn applied to each of its numbers."""
+  if isinstance(value, list):
+    return [c | {"value": _mapped(c["value"], fn)} if isinstance(c, dict) else fn(c) for c in value]
+  return fn(value)
+
+
+def _one_minus(value):
+  return _mapped(value, lambda v: 1 - v)
 
 
 def load_yaml(path: str) -> dict:
@@ -102,21 +130,74 @@ def from_mergekit(cfg: dict) -> dict:
     raise ValueError(f"merge_method: {name!r} is not one of the methods both tools have: {', '.join(_METHODS)}")
   base = _model(cfg.get("base_model"), "base_model") if cfg.get("base_model") else None
   params = dict(cfg.get("parameters") or {})
-  vocab = _vocab(cfg.get("tokenizer_source"))
+  vocab = _vocab(cfg.get("tokenizer_source")) if "tokenizer" not in cfg else _tokenizer(cfg)
+  template = cfg.get("chat_template")
+  if template is not None and (not isinstance(template, str) or not template):
+    raise ValueError(f"chat_template: Jinja text or auto, got {template!r}")
+  extra = {"chat_template": template} if template else {}
   dtype = cfg.get("out_dtype") or cfg.get("dtype") or None
   if bool(cfg.get("models")) == bool(cfg.get("slices")):
     raise ValueError("models / slices: give exactly one of them")
   if cfg.get("slices") and name == "passthrough":
-    return _passthrough(cfg["slices"]) | {"dtype": dtype, "vocab": vocab}
-  models = cfg.get("models") or _one_slice(cfg["slices"])
+    if unknown := sorted(set(params) - {"scale"}):
+      raise ValueError(f"parameters.{unknown[0]}: passthrough takes scale only")
+    for key, value in params.items():
+      _scalar_or_list(value, f"parameters.{key}", allow_list=True)
+    return _passthrough(cfg["slices"], params.get("scale")) | {"dtype": dtype, "vocab": vocab} | extra
   for key, value in params.items():
-    _scalar_or_list(value, f"parameters.{key}", allow_list=key == "t")
-  method, inputs, options = _method(name, base, [_entry(m, f"models[{i}]") for i, m in enumerate(models)], params)
+    _scalar_or_list(value, f"parameters.{key}", allow_list=key in _GRADIENTS)
+  if cfg.get("slices") and not _whole_models(cfg["slices"]):
+    return _over_slices(name, base, cfg["slices"], params) | {"dtype": dtype, "vocab": vocab} | extra
+  models = cfg.get("models") or _one_slice(cfg["slices"])
+  method, inputs, options = _merge(name, base, [_entry(m, f"models[{i}]") for i, m in enumerate(models)], params)
+  return {"method": method, "inputs": inputs, "options": options, "dtype": dtype, "vocab": vocab} | extra
+
+
+def _merge(name: str, base: str | None, entries: list, params: dict) -> tuple[str, dict, dict]:
+  """(xlt method, inputs, options) of mergekit method `name` on the models `entries` with the
+  global parameters `params`."""
+  method, inputs, options = _method(name, base, entries, params)
   for key, value in params.items():
     if key in _IGNORED or key in ("weight", "density", "gamma", "epsilon"):  # read per model by _method
       continue
+    value = _number(value) if key in _GRADIENTS and isinstance(value, (dict, list)) else value
     options = _set_global(method, options, _GLOBAL.get(key, key), value, key)
-  return {"method": method, "inputs": inputs, "options": options, "dtype": dtype, "vocab": vocab}
+  return method, inputs, options
+
+
+def _whole_models(slices) -> bool:
+  """Whether `slices` is one slice whose sources each cover every layer of their model."""
+  rows = _sources(slices)
+  return len(rows) == 1 and all(lo == 0 and hi == _num_layers(m) for m, (lo, hi), _ in rows[0])
+
+
+def _over_slices(name: str, base: str | None, slices, params: dict) -> dict:
+  """layer_slices (xlt.merge.sliced): the merge of each slice's sources, their blocks stacked.
+  Every slice lists the same models in the same order, ranges of one length within a slice."""
+  rows = _sources(slices)
+  models = [m for m, _, _ in rows[0]]
+  if len(set(models)) != len(models):
+    raise ValueError("slices[0]: a model appears twice in one slice; xlt merges each model once per slice")
+  per_slice, ranges, first = [], [], None
+  for i, row in enumerate(rows):
+    if [m for m, _, _ in row] != models:
+      raise ValueError(f"slices[{i}]: its sources are {[m for m, _, _ in row]}; xlt merges over slices that "
+                       f"list the same models in the same order ({models})")
+    if len({hi - lo for _, (lo, hi), _ in row}) != 1 or any(hi <= lo or lo < 0 for _, (lo, hi), _ in row):
+      raise ValueError(f"slices[{i}]: its sources' layer ranges must be non-empty and of one length")
+    for m, (lo, hi), _ in row:
+      layers = _num_layers(m)
+      if layers is not None and hi > layers:
+        raise ValueError(f"slices[{i}]: layer_range [{lo}, {hi}] runs past {m}'s {layers} layers")
+    entries = [_entry({"model": m, "parameters": p}, f"slices[{i}].sources[{j}]") for j, (m, _, p) in enumerate(row)]
+    method, inputs, options = _merge(name, base, entries, params)
+    first = first or (method, inputs)
+    per_slice.append(options)
+    ranges.append([list(r) for _, r, _ in row])
+  if base is not None and base not in models:
+    raise ValueError(f"base_model: {base} must be a source of every slice")
+  return {"method": "layer_slices", "inputs": first[1],
+          "options": {"merge_method": first[0], "models": models, "ranges": ranges, "per_slice": per_slice}}
 
 
 def _model(ref, where: str) -> str:
@@ -135,6 +216,20 @@ def _vocab(source) -> str | None:
   raise ValueError(f"tokenizer_source: {source!r}; xlt maps base and union (its vocab option) only")
 
 
+def _tokenizer(cfg: dict) -> str | None:
+  """vocab of mergekit's `tokenizer: {source: base|union}` (as tokenizer_source maps)."""
+  block = cfg["tokenizer"]
+  if "tokenizer_source" in cfg:
+    raise ValueError("tokenizer / tokenizer_source: give one of them")
+  if not isinstance(block, dict) or set(block) - {"source"}:
+    extra = sorted(set(block) - {"source"})[0] if isinstance(block, dict) else "source"
+    raise ValueError(f"tokenizer.{extra}: not supported by xlt (it maps tokenizer: {{source: base|union}})")
+  try:
+    return _vocab(block.get("source"))
+  except ValueError:
+    raise ValueError(f"tokenizer.source: {block.get('source')!r}; xlt maps base and union only") from None
+
+
 def _entry(m, where: str) -> tuple[str, dict]:
   if not isinstance(m, dict) or "model" not in m:
     raise ValueError(f"{where}: an entry is {{model: path, parameters: {{...}}}}")
@@ -142,19 +237,29 @@ def _entry(m, where: str) -> tuple[str, dict]:
     raise ValueError(f"{where}.{unknown[0]}: not supported by xlt")
   params = dict(m.get("parameters") or {})
   for k, v in params.items():
-    _scalar_or_list(v, f"{where}.parameters.{k}", allow_list=False)
+    _scalar_or_list(v, f"{where}.parameters.{k}", allow_list=k in _GRADIENTS)
   return _model(m["model"], f"{where}.model"), params
 
 
 def _scalar_or_list(value, where: str, allow_list: bool) -> None:
   if isinstance(value, (bool, int, float, str)):
     return
+  conditions = [value] if isinstance(value, dict) else value
+  if allow_list and isinstance(conditions, list) and conditions and all(isinstance(c, dict) for c in conditions):
+    for i, c in enumerate(conditions):  # mergekit's filtered value: [{filter, value}], the first match applies
+      if "value" not in c or set(c) - {"filter", "value"} or not isinstance(c.get("filter") or "", str):
+        raise ValueError(f"{where}[{i}]: a filtered value is {{filter: part of a tensor name, value: ...}}, "
+                         f"got {c!r}")
+      _scalar_or_list(c["value"], f"{where}[{i}].value", allow_list=True)
+    return
   if isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                for v in value):
     if allow_list:
       return
-    raise ValueError(f"{where}: a gradient (one value per layer range) is supported for t only; give one value")
-  raise ValueError(f"{where}: filtered or conditional values ({value!r}) are not supported; give one value")
+    raise ValueError(f"{where}: a gradient (one value per layer range) is supported for "
+                     f"{', '.join(_GRADIENTS)} only; give one value")
+  raise ValueError(f"{where}: filtered or conditional values ({value!r}) are supported for "
+                   f"{', '.join(_GRADIENTS)} only; give one value")
 
 
 def _method(name: str, base: str | None, entries: list, params: dict) -> tuple[str, dict, dict]:
@@ -193,7 +298,7 @@ def _per_model(method: str, name: str, experts: list, shared: dict) -> dict:
   """The options read from each model's parameters (else `shared`, the global ones), with
   mergekit's defaults where xlt's differ (density 1.0)."""
   given = {k for _, params in experts for k in params}
-  value = lambda params, key: float(params.get(key, shared.get(key, 1.0)))
+  value = lambda params, key: _number(params.get(key, shared.get(key, 1.0)))
   weights = [value(params, "weight") for _, params in experts]
   if method in ("task_arithmetic", "ties", "dare"):
     known = {"weight", "density"} if method != "task_arithmetic" else {"weight"}
@@ -203,9 +308,10 @@ def _per_model(method: str, name: str, experts: list, shared: dict) -> dict:
     if method != "task_arithmetic":
       per_model = [value(params, "density") for _, params in experts]
       density = per_model[0]
-      options |= {"convention": "mergekit"} | ({"density": density} if method == "ties" else {"drop": 1 - density})
-      if len(set(per_model)) > 1:  # mergekit's per-model densities
-        options |= {"densities": per_model} if method == "ties" else {"drops": [1 - d for d in per_model]}
+      options |= {"convention": "mergekit"} | ({"density": density} if method == "ties" else
+                                               {"drop": _one_minus(density)})
+      if any(d != density for d in per_model):  # mergekit's per-model densities
+        options |= {"densities": per_model} if method == "ties" else {"drops": [_one_minus(d) for d in per_model]}
     return options
   table = _PER_MODEL.get(method, {})
   if unknown := sorted(given - set(table)):
@@ -213,7 +319,7 @@ def _per_model(method: str, name: str, experts: list, shared: dict) -> dict:
   if unknown := sorted({k for k in ("weight", "density", "gamma", "epsilon") if k in shared} - set(table)):
     raise ValueError(f"parameters.{unknown[0]}: not a parameter of {name} in xlt")
   defaults = {"density": 1.0, "gamma": 0.01, "epsilon": 0.15, "weight": 1.0}
-  return {xlt: [float(params.get(mk, shared.get(mk, defaults[mk]))) for _, params in experts]
+  return {xlt: [_number(params.get(mk, shared.get(mk, defaults[mk]))) for _, params in experts]
           for mk, xlt in table.items() if mk in given or mk in shared or (mk == "density" and method in _SPARSE)}
 
 
@@ -223,7 +329,10 @@ def _set_global(method: str, options: dict, key: str, value, mk_key: str) -> dic
   if method in ("task_arithmetic", "dare") and mk_key in ("lambda", "normalize"):
     lambdas = options["lambdas"]
     if mk_key == "lambda":
-      options["lambdas"] = [w * float(value) for w in lambdas]
+      options["lambdas"] = [_mapped(w, lambda x: x * float(value)) for w in lambdas]
+    elif value and any(isinstance(w, list) for w in lambdas):
+      raise ValueError(f"parameters.normalize: true with per-layer or filtered weights is not supported for "
+                       f"{method}; give each weight as one value")
     elif value:
       options["lambdas"] = [w / sum(lambdas) for w in lambdas]
     return options
@@ -279,34 +388,37 @@ def _one_slice(slices) -> list[dict]:
   return [{"model": m, "parameters": p} for m, _, p in rows[0]]
 
 
-def _passthrough(slices) -> dict:
-  """layer_swap from passthrough slices A [0, b), B [b, L-u), A [L-u, L): each layer at its
-  own position, the embedding and head from A (mergekit takes them from the first and the last
-  slice's model)."""
+def _passthrough(slices, scale=None) -> dict:
+  """layer_swap from passthrough slices A [0, b), B [b, L-u), A [L-u, L) (each layer at its own
+  position, the embedding and head from A); any other stack (slices that repeat, reorder or drop
+  layers: a "frankenmerge" of another depth) is a layer_stack (xlt.merge.stack: the embedding
+  from the first slice's model, the final norm and head from the last's, as mergekit takes them)."""
   rows = _sources(slices)
-  parts, at = [], 0
+  parts = []
   for i, row in enumerate(rows):
     (model, (lo, hi), params), *more = row
-    if more or params:
-      raise ValueError(f"slices[{i}]: a passthrough slice takes one source without parameters")
-    if lo != at or hi <= lo:
-      raise ValueError(f"slices[{i}]: layer_range [{lo}, {hi}] must start at {at}: xlt maps layer swaps "
-                       "(each layer at its own position), not stacks that change the depth")
-    parts.append((model, hi - lo))
-    at = hi
-  models = [m for m, _ in parts]
-  if len(parts) == 3 and models[0] == models[2] != models[1]:
-    outer, inner, bottom, top = models[0], models[1], parts[0][1], parts[2][1]
-  elif len(parts) == 2 and models[0] != models[1]:
-    raise ValueError("slices: two slices take the embedding from one model and the head from the other, "
-                     "which xlt's layer_swap does not; add the third slice (A, B, A)")
-  else:
-    raise ValueError("slices: xlt maps a passthrough layer swap only: A [0, b), B [b, L-u), A [L-u, L)")
-  layers = _num_layers(outer)
-  if layers is not None and layers != at:
-    raise ValueError(f"slices: the ranges end at layer {at}, but {outer} has {layers} layers")
-  return {"method": "layer_swap", "inputs": {"task_expert": inner, "language_expert": outer},
-          "options": {"bottom": bottom, "top": top, "non_block": "language", "num_blocks": at}}
+    if more or set(params) - {"scale"}:
+      raise ValueError(f"slices[{i}]: a passthrough slice takes one source, with parameters scale only")
+    if hi <= lo or lo < 0:
+      raise ValueError(f"slices[{i}]: layer_range [{lo}, {hi}] must be 0 <= lo < hi")
+    if "scale" in params:
+      _scalar_or_list(params["scale"], f"slices[{i}].sources[0].parameters.scale", allow_list=True)
+    parts.append((model, lo, hi) + ((params["scale"],) if "scale" in params else ()))
+  models = [p[0] for p in parts]
+  contiguous = all(parts[i][1] == (parts[i - 1][2] if i else 0) for i in range(len(parts)))
+  scaled = scale is not None or any(len(p) > 3 for p in parts)
+  if contiguous and not scaled and len(parts) == 3 and models[0] == models[2] != models[1] and \
+     _num_layers(models[0]) in (None, parts[-1][2]):  # every layer of A's depth at its own position
+    outer, inner = models[0], models[1]
+    bottom, top = parts[0][2], parts[2][2] - parts[2][1]
+    return {"method": "layer_swap", "inputs": {"task_expert": inner, "language_expert": outer},
+            "options": {"bottom": bottom, "top": top, "non_block": "language", "num_blocks": parts[-1][2]}}
+  for i, (model, lo, hi, *_) in enumerate(parts):
+    layers = _num_layers(model)
+    if layers is not None and hi > layers:
+      raise ValueError(f"slices[{i}]: layer_range [{lo}, {hi}] runs past {model}'s {layers} layers")
+  return {"method": "layer_stack", "inputs": {"models": list(dict.fromkeys(models))},
+          "options": {"slices": [list(p) for p in parts]} | ({"scale": scale} if scale is not None else {})}
 
 
 def flags_aliases(method: str, inputs: dict, options: dict) -> tuple[str, dict]:
