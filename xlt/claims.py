@@ -161,10 +161,8 @@ def analyse(workdir: str, prereg_path: str, runs_commit: str, command: str) -> d
   """The study's results: its preregistration (file, commit, the JSON block), and per finished
   grid point every regime's claims; points not finished are listed as not run."""
   prereg = read_prereg(prereg_path)
-  points = sorted((d for d in os.listdir(workdir) if os.path.isfile(os.path.join(workdir, d, "config.json"))),
-                  key=lambda d: int(re.sub(r"\D", "", d) or 0))
   regimes, not_run, wall = [], [], {}
-  for p in points:
+  for p in grid_points(prereg):
     path = os.path.join(workdir, p)
     if not os.path.isfile(os.path.join(path, "results.json")):
       not_run.append(p)
@@ -176,6 +174,20 @@ def analyse(workdir: str, prereg_path: str, runs_commit: str, command: str) -> d
                                                "commit": file_commit(prereg_path), **prereg},
           "runs_commit": runs_commit, "command": command, "machine": _machine(), "wall_s": wall,
           "not_run": not_run, "regimes": regimes}
+
+
+def grid_points(prereg: dict) -> list[str]:
+  """The names of the grid points of the preregistered config (its `config`, a file of
+  configs/), in the grid's order."""
+  import importlib.util
+
+  path = os.path.join(ROOT, prereg["config"])
+  spec = importlib.util.spec_from_file_location("prereg_config", path)
+  if spec is None or not os.path.isfile(path):
+    raise ValueError(f"the preregistration's config {prereg['config']} is not in this checkout")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return [p["name"] for p in module.get_config().grid]
 
 
 def _machine() -> str:
@@ -220,7 +232,8 @@ def plot(result: dict, path: str):
   ax.set_xticks(np.arange(len(regs)) + 0.5, [f"L={r['depth']}\nlr {r['peak_lr']:g}×{r['finetune_steps']}"
                                              for r in regs], fontsize=8)
   ax.set_yticks(np.arange(len(ids)) + 0.5, ids, fontsize=8)
-  ax.set_title("claims map: green holds, red fails, grey undecided (points: mean paired difference)", fontsize=9)
+  ax.set_title("green holds, red fails, light grey undecided, dark grey gated\n(cells: mean paired difference on "
+               "the goal, points)", fontsize=8)
   fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path + ".tmp.png", dpi=110)
@@ -239,6 +252,10 @@ def section(result: dict) -> str:
          f"![claims map](images/{result['study']}.png)" if result["regimes"] else ""]
   if result["not_run"]:
     out += ["", "Not run yet: " + ", ".join(result["not_run"]) + "."]
+  gated = [f"{r['depth']} blocks, lr {r['peak_lr']:g} × {r['finetune_steps']}: " + "; ".join(r["gates_failed"])
+           for r in result["regimes"] if r["gates_failed"]]
+  if gated:
+    out += ["", "Gated: " + ". ".join(gated) + "."]
   excluded = [f"{r['depth']} blocks: seeds {r['excluded_seeds']}" for r in result["regimes"] if r["excluded_seeds"]
               and r["regime"] == 0]
   if excluded:
