@@ -165,6 +165,11 @@ def test_readme_results_table_quotes_the_results_files():
   by_config = {}
   for result in report.load():
     by_config[result["config"].removeprefix("configs/")] = json.dumps(result)
+  studies = os.path.join(report.RESULTS_DIR, "studies")  # preregistered studies (xlt.claims), their own record
+  for name in sorted(os.listdir(studies)) if os.path.isdir(studies) else []:
+    with open(os.path.join(studies, name), encoding="utf-8") as f:
+      study = json.load(f)
+    by_config[study["prereg"]["config"].removeprefix("configs/")] = json.dumps(study, ensure_ascii=False)
   readme = open(os.path.join(report.ROOT, "README.md"), encoding="utf-8").read()
   rows = [line.split("|")[1:-1] for line in readme.splitlines() if line.startswith("| `")]
   assert len(rows) >= len(by_config) - 1, "the README's results table lost rows"

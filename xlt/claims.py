@@ -99,10 +99,13 @@ def gates(scores: dict, prereg: dict) -> tuple[np.ndarray, list[str]]:
   failed = []
   if keep.sum() < g["min_bases"]:
     failed.append(f"{int(keep.sum())} bases pass the base gate, fewer than {g['min_bases']}")
-  elif np.mean(np.asarray(scores[("task expert", "task")])[keep]) < g["task_expert_task"]:
-    failed.append("the task expert's task score is under its gate")
-  elif np.mean(np.asarray(scores[("language expert", "language")])[keep]) < g["language_expert_language"]:
-    failed.append("the language expert's target-language score is under its gate")
+  else:
+    for what, (model, role), gate in (("task expert's task score", ("task expert", "task"), "task_expert_task"),
+                                      ("language expert's target-language score", ("language expert", "language"),
+                                       "language_expert_language")):
+      got = float(np.mean(np.asarray(scores[(model, role)])[keep]))
+      if got < g[gate]:
+        failed.append(f"the {what} is {100 * got:.1f}%, under its gate of {100 * g[gate]:.0f}%")
   return keep, failed
 
 
@@ -170,10 +173,24 @@ def analyse(workdir: str, prereg_path: str, runs_commit: str, command: str) -> d
     regimes += point_regimes(path, prereg)
     with open(os.path.join(path, "summary.json"), encoding="utf-8") as f:
       wall[p] = json.load(f)["wall_s"]
-  return {"study": prereg["study"], "prereg": {"file": os.path.relpath(os.path.abspath(prereg_path), ROOT),
+  return {"study": prereg["study"], "headline": headline(regimes, not_run),
+          "prereg": {"file": os.path.relpath(os.path.abspath(prereg_path), ROOT),
                                                "commit": file_commit(prereg_path), **prereg},
           "runs_commit": runs_commit, "command": command, "machine": _machine(), "wall_s": wall,
           "not_run": not_run, "regimes": regimes}
+
+
+def headline(regimes: list[dict], not_run: list[str]) -> str:
+  """Each finished regime's verdicts in points, its gates, and the points not run."""
+  f = lambda x: "–" if x is None else f"{100 * x:+.1f}"
+  parts = []
+  for r in regimes:
+    claims = "; ".join(f"{c['id']} {c['verdict']} {f(c['mean'])} [{f(c['low'])}, {f(c['high'])}]" for c in r["claims"])
+    gate = f" (gated: {'; '.join(r['gates_failed'])})" if r["gates_failed"] else ""
+    parts.append(f"{r['depth']} blocks, lr {r['peak_lr']:g} × {r['finetune_steps']}, {r['bases']} bases{gate}: {claims}")
+  if not_run:
+    parts.append("not run: " + ", ".join(p.replace("_", " ") for p in not_run))
+  return ". ".join(parts)
 
 
 def grid_points(prereg: dict) -> list[str]:
