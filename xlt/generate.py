@@ -48,6 +48,7 @@ import sys
 
 import numpy as np
 
+from xlt import cli
 from xlt import decode as decode_lib
 from xlt import hf_tokenizer
 from xlt import perplexity as perplexity_lib
@@ -342,15 +343,7 @@ def run(argv: list[str]) -> dict | None:
 
 
 def main(argv=None) -> int:
-  argv = sys.argv[1:] if argv is None else argv
-  try:
-    run(argv)
-  except (ValueError, OSError) as e:  # UserError, TokenizerError, a model the loader refuses
-    if "--traceback" in argv:
-      raise
-    print(f"xlt.generate: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-    return 2
-  return 0
+  return cli.run_command("xlt.generate", run, argv)
 
 
 if __name__ == "__main__":

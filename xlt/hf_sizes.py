@@ -18,6 +18,8 @@ import math
 # overrides); a smaller mismatch is left to the loader, which names the tensor whose shape
 # differs; over twice as much means it is not these weights' config
 SLACK = 2
+# model types whose MLP is one up and one down projection, no gate (xlt.families)
+PLAIN_MLP = ("starcoder2",)
 # the largest size field of any released decoder is ~10^6 (a vocabulary, a context)
 MAX_FIELD = 1 << 31
 
@@ -39,7 +41,9 @@ def parameters(hf: dict) -> int:
   kv = _size(hf, "num_key_value_heads") if hf.get("num_key_value_heads") is not None else heads
   head_dim = _size(hf, "head_dim") if hf.get("head_dim") is not None else max(d // heads, 1)
   attention = 2 * d * heads * head_dim + 2 * d * kv * head_dim
-  return _size(hf, "vocab_size") * d + layers * (attention + 3 * d * _size(hf, "intermediate_size"))
+  # gated MLPs (gate, up, down) have three matrices, StarCoder2's plain one (c_fc, c_proj) two
+  mlp_matrices = 2 if hf.get("model_type") in PLAIN_MLP else 3
+  return _size(hf, "vocab_size") * d + layers * (attention + mlp_matrices * d * _size(hf, "intermediate_size"))
 
 
 def check(hf: dict, tensors: dict, path: str) -> int:

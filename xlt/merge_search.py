@@ -41,6 +41,7 @@ import sys
 import jax
 import numpy as np
 
+from xlt import cli
 from xlt import generate as generate_lib
 from xlt import hf_tokenizer, merge, pretrained
 from xlt import results as results_lib
@@ -414,15 +415,7 @@ def parse(argv: list[str]):
 
 
 def main(argv=None) -> int:
-  argv = sys.argv[1:] if argv is None else argv
-  try:
-    search(parse(argv))
-  except (ValueError, OSError) as e:  # UserError, a model or tokenizer the loaders refuse
-    if "--traceback" in argv:
-      raise
-    print(f"xlt.merge_search: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-    return 2
-  return 0
+  return cli.run_command("xlt.merge_search", lambda a: search(parse(a)), argv)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 
+from xlt import cli
 from xlt.io import fileio
 
 class UserError(ValueError):
@@ -93,15 +94,7 @@ def run(argv: list[str]) -> dict:
 
 
 def main(argv=None) -> int:
-  argv = sys.argv[1:] if argv is None else argv
-  try:
-    run(argv)
-  except (ValueError, OSError) as e:  # UserError, TokenizerError, a model the loader refuses
-    if "--traceback" in argv:
-      raise
-    print(f"xlt.eval: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-    return 2
-  return 0
+  return cli.run_command("xlt.eval", run, argv)
 
 
 if __name__ == "__main__":
