@@ -136,7 +136,12 @@ def main():
   if args.out:
     from xlt.io import fileio
 
-    fileio.write_text(args.out, json.dumps({"args": vars(args), "rows": rows, "agreement": agree}, indent=1) + "\n")
+    from xlt import report
+
+    record = {"command": "python benchmarks/lm_eval_speed.py " + " ".join(sys.argv[1:]), "commit": report.git_commit(),
+              "machine": report.machine(), "date": time.strftime("%Y-%m-%d"), "args": vars(args), "rows": rows,
+              "agreement": agree}
+    fileio.write_text(args.out, json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":
