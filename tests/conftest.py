@@ -90,3 +90,28 @@ def shrink_testbed():
     return c
 
   return shrink
+
+
+
+def tiny_lm():
+  """A tiny language model's config (2 blocks, width 16, vocabulary 50) for the decoding and
+  perplexity tests."""
+  from xlt import model as model_lib
+  return model_lib.Config(vocab_size=50, block_size=24, num_layers=2, num_heads=2, d_model=16)
+
+
+def tiny_lm_rows(n=5, t=13, seed=0):
+  """n random token rows of length t, each starting with the BOS (2) of xlt.data.spm_tokenizer."""
+  import numpy as np
+
+  tokens = np.random.default_rng(seed).integers(4, tiny_lm().vocab_size, (n, t)).astype(np.int32)
+  tokens[:, 0] = 2
+  return tokens
+
+
+@pytest.fixture(scope="module")
+def tiny_lm_params():
+  import jax
+
+  from xlt import model as model_lib
+  return jax.jit(model_lib.init_params, static_argnums=0)(tiny_lm(), jax.random.key(0))

@@ -7,27 +7,18 @@ import numpy as np
 import pytest
 
 from xlt import decode, ensemble_decode
+from conftest import tiny_lm, tiny_lm_rows
 from xlt import model as model_lib
 
 _apply = jax.jit(model_lib.apply, static_argnums=0)
-CFG = model_lib.Config(vocab_size=50, block_size=24, num_layers=2, num_heads=2, d_model=16)
+CFG = tiny_lm()
+rows = tiny_lm_rows
 
 
-@pytest.fixture(scope="module")
-def params():
-  return jax.jit(model_lib.init_params, static_argnums=0)(CFG, jax.random.key(0))
-
-
-def rows(n=5, t=13, seed=0):
-  tokens = np.random.default_rng(seed).integers(4, CFG.vocab_size, (n, t)).astype(np.int32)
-  tokens[:, 0] = 2  # the BOS of xlt.data.spm_tokenizer
-  return tokens
-
-
-def test_sample_greedy_matches_greedy_decode(params):
+def test_sample_greedy_matches_greedy_decode(tiny_lm_params):
   prompts = rows(n=3, t=5, seed=3)
-  got = decode.sample(CFG, params, prompts, max_new=7, temperature=0.0)
-  want = ensemble_decode.ensemble_decode(CFG, jax.tree.map(lambda x: x[None], params), prompts[None],
+  got = decode.sample(CFG, tiny_lm_params, prompts, max_new=7, temperature=0.0)
+  want = ensemble_decode.ensemble_decode(CFG, jax.tree.map(lambda x: x[None], tiny_lm_params), prompts[None],
                                          np.full((1, 3), 5), max_new=7, min_prompt=5)[0]
   np.testing.assert_array_equal(got, np.asarray(want))
   # Repeated full forward passes (no cache), argmax at the last real position; the buffer is
@@ -35,23 +26,23 @@ def test_sample_greedy_matches_greedy_decode(params):
   buf = np.zeros((3, 12), np.int32)
   buf[:, :5] = prompts
   for t in range(5, 12):
-    logits, _ = _apply(CFG, params, jnp.asarray(buf))
+    logits, _ = _apply(CFG, tiny_lm_params, jnp.asarray(buf))
     buf[:, t] = np.argmax(np.asarray(logits[:, t - 1]), axis=-1)
   np.testing.assert_array_equal(got, buf)
-  np.testing.assert_array_equal(decode.sample(CFG, params, prompts, max_new=7, temperature=1.0,
+  np.testing.assert_array_equal(decode.sample(CFG, tiny_lm_params, prompts, max_new=7, temperature=1.0,
                                           top_k=1, rng=5), buf)  # top-1 is greedy too
 
 
-def test_sample_top_k_and_rng(params):
+def test_sample_top_k_and_rng(tiny_lm_params):
   prompt = rows(n=3, t=5, seed=4)  # the shapes of the test above: no new compile
-  a = decode.sample(CFG, params, prompt, max_new=7, temperature=5.0, top_k=3, rng=jax.random.key(1))
-  b = decode.sample(CFG, params, prompt, max_new=7, temperature=5.0, top_k=3, rng=jax.random.key(1))
-  c = decode.sample(CFG, params, prompt, max_new=7, temperature=5.0, top_k=3, rng=jax.random.key(2))
+  a = decode.sample(CFG, tiny_lm_params, prompt, max_new=7, temperature=5.0, top_k=3, rng=jax.random.key(1))
+  b = decode.sample(CFG, tiny_lm_params, prompt, max_new=7, temperature=5.0, top_k=3, rng=jax.random.key(1))
+  c = decode.sample(CFG, tiny_lm_params, prompt, max_new=7, temperature=5.0, top_k=3, rng=jax.random.key(2))
   np.testing.assert_array_equal(a, b)
   assert a.shape == (3, 12) and (a[:, :5] == prompt).all() and not (a == c).all()
   # Every new token is among the 3 most likely ones given what precedes it.
-  logits, _ = _apply(CFG, params, jnp.asarray(a))
+  logits, _ = _apply(CFG, tiny_lm_params, jnp.asarray(a))
   top3 = np.argsort(np.asarray(logits), axis=-1)[:, 4:-1, -3:]
   assert (top3 == a[:, 5:, None]).any(-1).all()
   with pytest.raises(ValueError, match="block_size"):
-    decode.sample(CFG, params, prompt, max_new=CFG.block_size)
+    decode.sample(CFG, tiny_lm_params, prompt, max_new=CFG.block_size)

@@ -5,51 +5,42 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import tiny_lm, tiny_lm_rows
 from xlt import model as model_lib
 from xlt import perplexity
 
 _apply = jax.jit(model_lib.apply, static_argnums=0)
-CFG = model_lib.Config(vocab_size=50, block_size=24, num_layers=2, num_heads=2, d_model=16)
+CFG = tiny_lm()
+rows = tiny_lm_rows
 
 
-@pytest.fixture(scope="module")
-def params():
-  return jax.jit(model_lib.init_params, static_argnums=0)(CFG, jax.random.key(0))
-
-
-def rows(n=5, t=13, seed=0):
-  tokens = np.random.default_rng(seed).integers(4, CFG.vocab_size, (n, t)).astype(np.int32)
-  tokens[:, 0] = 2  # the BOS of xlt.data.spm_tokenizer
-  return tokens
-
-
-def test_uniform_model_perplexity_is_vocab_size(params):
-  uniform = {**params, "lm_head": jax.tree.map(jnp.zeros_like, params["lm_head"])}
+def test_uniform_model_perplexity_is_vocab_size(tiny_lm_params):
+  uniform = {**tiny_lm_params, "lm_head": jax.tree.map(jnp.zeros_like, tiny_lm_params["lm_head"])}
   tokens = rows()
   mask = np.ones((5, 12), np.float32)
   r = perplexity.perplexity(CFG, uniform, tokens, mask, batch=2)  # 3 batches, the last one padded
   assert r["tokens"] == 60 and r["ppl_token"] == pytest.approx(CFG.vocab_size, rel=1e-5)
   assert r["nll_sum"] == pytest.approx(60 * np.log(CFG.vocab_size), rel=1e-5)
-  stacked = jax.tree.map(lambda *x: jnp.stack(x), uniform, params)  # an ensemble of two
+  stacked = jax.tree.map(lambda *x: jnp.stack(x), uniform, tiny_lm_params)  # an ensemble of two
   e = perplexity.perplexity(CFG, stacked, tokens, mask, batch=2)
   assert e["ppl_token"].shape == (2,)
   assert e["ppl_token"][0] == pytest.approx(CFG.vocab_size, rel=1e-5)
-  single = perplexity.perplexity(CFG, params, tokens, mask, 2)
+  single = perplexity.perplexity(CFG, tiny_lm_params, tokens, mask, 2)
   assert e["ppl_token"][1] == pytest.approx(single["ppl_token"], rel=1e-5)
   one = perplexity.perplexity(CFG, stacked, tokens, mask, batch=2, members=[1])  # a sub-ensemble
   assert one["ppl_token"].shape == (1,) and one["ppl_token"][0] == pytest.approx(e["ppl_token"][1])
 
 
-def test_perplexity_respects_loss_mask(params):
+def test_perplexity_respects_loss_mask(tiny_lm_params):
   tokens = rows(seed=1)
   mask = (np.random.default_rng(2).random((5, 12)) < 0.5).astype(np.float32)
-  logits, _ = _apply(CFG, params, jnp.asarray(tokens[:, :-1]))
+  logits, _ = _apply(CFG, tiny_lm_params, jnp.asarray(tokens[:, :-1]))
   logp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
   nll = -np.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
   want = (nll * mask).sum()
   for batch in (2, 5, 64):  # padding of the last batch changes nothing
-    r = perplexity.perplexity(CFG, params, tokens, mask, batch)
+    r = perplexity.perplexity(CFG, tiny_lm_params, tokens, mask, batch)
     assert r["tokens"] == mask.sum() and r["nll_sum"] == pytest.approx(want, rel=1e-5)
   assert r["ppl_token"] == pytest.approx(np.exp(want / mask.sum()), rel=1e-5)
   with pytest.raises(ValueError, match="loss_mask"):
-    perplexity.perplexity(CFG, params, tokens, mask[:, 1:], 2)
+    perplexity.perplexity(CFG, tiny_lm_params, tokens, mask[:, 1:], 2)
