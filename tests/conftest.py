@@ -115,3 +115,16 @@ def tiny_lm_params():
 
   from xlt import model as model_lib
   return jax.jit(model_lib.init_params, static_argnums=0)(tiny_lm(), jax.random.key(0))
+
+
+def load_script(relative: str, name: str | None = None):
+  """A script of the repository (tests/fixtures/make_*.py, benchmarks/*.py) as a module, by its
+  path: they are not packages, and their peers (torch, mergekit, ...) are imported only when
+  their functions run."""
+  import importlib.util
+
+  path = REPO / relative
+  spec = importlib.util.spec_from_file_location(name or path.stem, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module

@@ -19,6 +19,7 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import load_script
 from xlt import decode
 from xlt import hf_tokenizer
 from xlt import pretrained
@@ -26,9 +27,7 @@ from xlt.eval import requests as req
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 # the fixtures' script (torch is imported only when it runs), for model_dir: the hf run's directories
-_spec = importlib.util.spec_from_file_location("make_lm_eval_fixtures", FIXTURES / "make_lm_eval_fixtures.py")
-make = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(make)
+make = load_script("tests/fixtures/make_lm_eval_fixtures.py")
 HAVE_LM_EVAL = importlib.util.find_spec("lm_eval") is not None
 
 FAMILIES = make.FAMILIES

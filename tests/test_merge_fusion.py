@@ -2,7 +2,6 @@
 tests/fixtures/make_fusion_fixtures.py against its fixture (fusion-bench's output), live against
 fusion-bench where it is importable, and the recorded differences (docs/merge.md's parity table)."""
 
-import importlib.util
 import json
 import os
 
@@ -11,6 +10,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
+from conftest import load_script
 from xlt.merge import registry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,15 +18,8 @@ FIXTURES = os.path.join(REPO, "tests", "fixtures", "fusion")
 TOLERANCE = 1e-5  # float32 rounding of SVDs (xlt: float64; fusion-bench: float32)
 
 
-def _load(name: str, path: str):
-  spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-SCRIPT = _load("make_fusion_fixtures", os.path.join(REPO, "tests", "fixtures", "make_fusion_fixtures.py"))
-PARITY = _load("merge_parity_fusion", os.path.join(REPO, "benchmarks", "merge_parity_fusion.py"))
+SCRIPT = load_script("tests/fixtures/make_fusion_fixtures.py")
+PARITY = load_script("benchmarks/merge_parity_fusion.py")
 
 
 def xlt_merge(case: str) -> dict:

@@ -4,7 +4,6 @@ Llama fixtures (tests/fixtures/mergekit/geometric/, made by
 tests/fixtures/make_mergekit_fixtures_geometric.py; live where mergekit is installed), exact
 values on hand-made trees, the invariants each method promises, and the command end to end."""
 
-import importlib.util
 import math
 import os
 import subprocess
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from conftest import load_script
 from xlt.io import hf_dir as hf
 from xlt.merge import geometric, registry, selective
 from xlt.paths import HF, XLT
@@ -51,10 +51,7 @@ TOLERANCE = 1e-5  # float32 rounding (xlt accumulates in float64, mergekit in fl
 
 
 def fixture_script():
-  spec = importlib.util.spec_from_file_location("make_geo", os.path.join(FIXTURES, "make_mergekit_fixtures_geometric.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("tests/fixtures/make_mergekit_fixtures_geometric.py")
 
 
 def model(name: str) -> dict:

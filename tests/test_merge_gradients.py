@@ -5,7 +5,6 @@ one model, per-model density and gamma lists, a global density list) or filtered
 (tests/fixtures/mergekit/gradients/, written by tests/fixtures/make_mergekit_fixtures_gradients.py;
 live where mergekit is installed)."""
 
-import importlib.util
 import json
 import os
 
@@ -15,6 +14,7 @@ import yaml
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
+from conftest import load_script
 from xlt.merge import from_mergekit, registry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,10 +23,7 @@ TOLERANCE = 1e-5  # float32 rounding (xlt accumulates in float64, mergekit in fl
 
 
 def fixture_script():
-  spec = importlib.util.spec_from_file_location("make_grad", os.path.join(FIXTURES, "make_mergekit_fixtures_gradients.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("tests/fixtures/make_mergekit_fixtures_gradients.py")
 
 
 @pytest.fixture(scope="module")

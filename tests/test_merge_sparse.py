@@ -5,7 +5,6 @@ random methods with xlt's masks handed to mergekit) to float rounding, exact val
 hand-made trees, invariants, the statistics of the random drops, the registry and the
 command line; and, where mergekit is installed, mergekit run live."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
+from conftest import load_script
 from xlt.io import hf_dir as hf
 from xlt.merge import combine, core, registry, sparse
 from xlt.paths import HF, XLT
@@ -295,9 +295,7 @@ def test_command_line_merge_equals_the_in_memory_merge(tmp_path):
 def test_live_mergekit_gives_the_stored_fixtures_and_xlts_results(tmp_path):
   pytest.importorskip("torch")
   pytest.importorskip("mergekit")
-  spec = importlib.util.spec_from_file_location("make_sparse", os.path.join(FIXTURES, "make_mergekit_fixtures_sparse.py"))
-  make = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(make)
+  make = load_script("tests/fixtures/make_mergekit_fixtures_sparse.py")
   make.build(str(tmp_path))
   stored = {(f, c): w for f, c, _, w in CASES}
   for file, case, spec_, want in fixture_case_data(str(tmp_path)):

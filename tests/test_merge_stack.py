@@ -3,7 +3,6 @@ reorder or drop layers, run from a mergekit YAML, compared with mergekit's own o
 (tests/fixtures/mergekit/stack/, written by tests/fixtures/make_mergekit_fixtures_stack.py; live
 where mergekit is installed), and loaded by transformers where it is installed."""
 
-import importlib.util
 import json
 import os
 
@@ -12,6 +11,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
+from conftest import load_script
 from xlt.merge import from_mergekit, stack
 from xlt.paths import naming_for
 
@@ -20,10 +20,7 @@ FIXTURES = os.path.join(REPO, "tests", "fixtures")
 
 
 def fixture_script():
-  spec = importlib.util.spec_from_file_location("make_stack", os.path.join(FIXTURES, "make_mergekit_fixtures_stack.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("tests/fixtures/make_mergekit_fixtures_stack.py")
 
 
 def tiny(tag: float, layers: int = 3) -> dict:

@@ -2,7 +2,6 @@
 same logits (tests/fixtures/peft, made by tests/fixtures/make_peft_fixtures.py; live where peft is
 installed), adapters peft made read back as xlt composites or merged, and exact round trips."""
 
-import importlib.util
 import json
 import os
 
@@ -11,14 +10,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from conftest import load_script
 from xlt import lora, model, peft_io, pretrained
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HF, PEFT = (os.path.join(REPO, "tests", "fixtures", d) for d in ("hf", "peft"))
-spec = importlib.util.spec_from_file_location("make_peft_fixtures", os.path.join(REPO, "tests", "fixtures",
-                                                                                 "make_peft_fixtures.py"))
-SCRIPT = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(SCRIPT)
+SCRIPT = load_script("tests/fixtures/make_peft_fixtures.py")
 ATOL = 1e-4
 
 
