@@ -26,6 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from xlt import report  # noqa: E402
+from xlt.io import fileio  # noqa: E402
 
 SWAP_DIR = "runs/ft/models/layer_swap_bottom_1_top_1"
 COMMANDS = [
@@ -88,10 +89,7 @@ def main(argv=None) -> int:
   exact = result["generate"]["correct"] / result["generate"]["total"]  # not the printed, rounded accuracy
   agree = role is not None and abs(scores[swap][role] - exact) < 1e-9
   result["agree"] = agree
-  os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-  with open(a.out + ".tmp", "w") as f:
-    json.dump(result, f, indent=1)
-  os.replace(a.out + ".tmp", a.out)
+  fileio.write_text(a.out, json.dumps(result, indent=1))
   print(json.dumps(scores, indent=1))
   print(f"generate: {result['generate']}; finetune table ({role}): {scores.get(swap, {}).get(role)}; agree: {agree}")
   return 0 if agree else 1

@@ -46,7 +46,9 @@ import optax
 
 from xlt import ensemble_decode
 from xlt import model as model_lib
+from xlt import report
 from xlt import results as results_lib
+from xlt.io import fileio
 
 KINDS = ("attn", "mlp", "norm")
 PAPER_LAYERS, PAPER_ZONE = 32, (5, 2)  # the layer-swapping paper's default: bottom 5, top 2 of 32
@@ -332,10 +334,9 @@ def plot(result: dict, path: str):
   fig.suptitle(f"{os.path.basename(result['workdir'])} {result['stage']}: {layers} blocks, "
                f"{len(result['seeds'])} seeds (shaded: the paper's swap zone)")
   fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path + ".tmp.png", dpi=110)
+  with fileio.atomic_open(path) as f:
+    fig.savefig(f, format="png", dpi=110)
   plt.close(fig)
-  os.replace(path + ".tmp.png", path)
 
 
 def main(argv=None) -> int:
@@ -355,12 +356,9 @@ def main(argv=None) -> int:
   except (ValueError, OSError) as e:
     print(f"xlt.structure: {e}", file=sys.stderr)
     return 2
-  from xlt import report  # the commit and machine every results file records
-
   result.update(command=" ".join(["python -m xlt.structure"] + list(argv if argv is not None else sys.argv[1:])),
                 commit=report.git_commit(), machine=report.machine(), wall_s=round(time.time() - start, 1))
   out = a.out or os.path.join(a.workdir, f"structure_{stage}.json")
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   results_lib.atomic_write(out, json.dumps(result, indent=1))
   plot(result, a.png or os.path.join(a.workdir, f"structure_{stage}.png"))
   e = result["edge_ratio"]

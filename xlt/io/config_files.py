@@ -12,6 +12,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../xlt
@@ -36,3 +37,12 @@ def path(name: str) -> str:
   if not os.path.isfile(file):
     raise FileNotFoundError(f"no config {name} in {configs_dir()}")
   return file
+
+
+def get_config(name: str):
+  """The config file `name`'s `get_config()` (with no argument), read from `path(name)`."""
+  spec = importlib.util.spec_from_file_location(f"xlt_config_{os.path.splitext(os.path.basename(name))[0]}",
+                                                path(name))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()

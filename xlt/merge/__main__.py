@@ -29,7 +29,6 @@ model code, and writes the scores beside the model (out/eval.json); --evaluate_a
 flags of that command. A failed evaluation leaves the merged model and exits with status 2.
 """
 
-import importlib.util
 import json
 import os
 import shlex
@@ -151,10 +150,7 @@ def with_yaml(c, path: str) -> dict:
   """The config of mergekit YAML `path` (from_mergekit.load_yaml) laid over the default config,
   with every field of `c` that differs from the default (the command line's) on top: inputs
   and options key by key."""
-  spec = importlib.util.spec_from_file_location("merge_files_config", config_files.path(_DEFAULT_CONFIG))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  default = module.get_config().to_dict()
+  default = config_files.get_config(_DEFAULT_CONFIG).to_dict()
   c = c.to_dict() if hasattr(c, "to_dict") else dict(c)
   out = default | {k: v for k, v in from_mergekit.load_yaml(path).items() if v is not None}
   for k, v in c.items():
