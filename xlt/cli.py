@@ -3,8 +3,20 @@ on stderr and exit status 2, never a traceback (`--traceback` shows it)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Callable
+
+
+class UserError(ValueError):
+  """A bad command line or input file: reported as one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+  """argparse whose errors are UserErrors (one line, exit 2) instead of its usage and exit."""
+
+  def error(self, message):
+    raise UserError(message)
 
 
 def run_command(prog: str, run: Callable[[list[str]], object], argv: list[str] | None = None) -> int:

@@ -49,6 +49,7 @@ import sys
 import numpy as np
 
 from xlt import cli
+from xlt.cli import UserError
 from xlt import decode as decode_lib
 from xlt import hf_tokenizer
 from xlt import perplexity as perplexity_lib
@@ -59,10 +60,6 @@ from xlt.io import fileio
 # Padded prompt lengths are rounded to this, so a run over prompts of many lengths compiles a
 # few programs, not one per length (left padding changes no value: xlt.decode).
 LENGTH_BUCKET = 32
-
-
-class UserError(ValueError):
-  """A bad command line or input file: reported as one line, exit status 2."""
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -169,13 +166,8 @@ def perplexity(cfg, params, tokenizer, text: str, *, block: int | None = None, b
 # ------------------------------------------------------------------------------ command line
 
 
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):
-    raise UserError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-  p = _Parser(prog="python -m xlt.generate", description=__doc__.split("\n\n")[0])
+  p = cli.Parser(prog="python -m xlt.generate", description=__doc__.split("\n\n")[0])
   p.add_argument("--model", required=True, help="a Hugging Face model directory")
   p.add_argument("--prompts", help="JSON lines: {\"prompt\": ...} or {\"messages\": [...]}")
   p.add_argument("--perplexity", help="a text file to score instead of prompts")

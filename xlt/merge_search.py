@@ -42,21 +42,13 @@ import jax
 import numpy as np
 
 from xlt import cli
+from xlt.cli import UserError
 from xlt import generate as generate_lib
 from xlt import hf_tokenizer, merge, pretrained
 from xlt import results as results_lib
 
 SAMPLERS = ("tpe", "random")
 KINDS = ("float", "int", "choice")
-
-
-class UserError(ValueError):
-  """A bad command line or input: one line, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):
-    raise UserError(message)
 
 
 # --------------------------------------------------------------------------- the space
@@ -361,7 +353,7 @@ def _merge(method: str, trees: dict, options: dict):
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = _Parser(prog="python -m xlt.merge_search", description=__doc__.split("\n\n")[0])
+  p = cli.Parser(prog="python -m xlt.merge_search", description=__doc__.split("\n\n")[0])
   p.add_argument("--method", required=True, help="a merge method (python -m xlt.merge --list_methods)")
   p.add_argument("--input", action="append", default=[], help="role=DIR (a list role: role=A,B); repeat per role")
   p.add_argument("--space", action="append", default=[], help="name=float:LOW:HIGH | int:LOW:HIGH | choice:A,B")

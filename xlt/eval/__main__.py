@@ -18,19 +18,11 @@ import os
 import sys
 
 from xlt import cli
+from xlt.cli import UserError
 from xlt.io import fileio
 
-class UserError(ValueError):
-  """A bad command line or input: one line, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):
-    raise UserError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-  p = _Parser(prog="python -m xlt.eval", description=__doc__.split("\n\n")[0])
+  p = cli.Parser(prog="python -m xlt.eval", description=__doc__.split("\n\n")[0])
   p.add_argument("--model", required=True, help="a Hugging Face model directory")
   p.add_argument("--tasks", required=True, help="comma-separated lm-eval task (or group) names")
   p.add_argument("--output", help="the scores written as JSON")
