@@ -44,10 +44,12 @@ import ml_collections
 import numpy as np
 import optax
 
+from xlt import checkpoint as ckpt_lib
 from xlt import ensemble_decode
 from xlt import model as model_lib
 from xlt import report
 from xlt import results as results_lib
+from xlt.experiments import common as kind_lib
 from xlt.io import fileio
 
 KINDS = ("attn", "mlp", "norm")
@@ -199,7 +201,7 @@ def cross_language_similarity(h_a, h_b) -> float:
   return float(np.mean(cos))
 
 
-def paired_prompts(task, sets: dict[str, list[str]], source: str, target: str) -> tuple[list, list]:
+def paired_prompts(task, sets: dict[str, list[str]], source: str, target: str) -> list[tuple]:
   """Per target-language operation set, the token ids of its prompts and of the same problems'
   prompts in the source language (the `language` and `source_language` roles' sets)."""
   pairs = []
@@ -218,7 +220,9 @@ def paired_prompts(task, sets: dict[str, list[str]], source: str, target: str) -
 
 
 def probe_model(cfg, params, pairs) -> dict:
-  """`probe_curve` over every operation's paired prompts together (last position: "=")."""
+  """Per layer of `params`, the language probe's held-out accuracy and the cross-language
+  similarity at the last prompt position ("="), over every operation's paired prompts
+  (`paired_prompts`) together: train on the even problems, test on the odd."""
   last = lambda tokens: residuals(cfg, params, tokens)[:, :, -1]
   ra = np.concatenate([last(a) for a, _ in pairs], axis=1)
   rb = np.concatenate([last(b) for _, b in pairs], axis=1)
@@ -236,16 +240,15 @@ def probe_model(cfg, params, pairs) -> dict:
 # --------------------------------------------------------------------------- a finished run
 
 
-def _members(npz_path: str, like, ids) -> list:
-  """Members `ids` of a stage's best_params.npz, each in `like`'s tree structure."""
-  if not os.path.isfile(npz_path):
-    raise ValueError(f"{npz_path} is missing: the stage has not finished")
-  with np.load(npz_path) as f:
-    leaves = [f[f"leaf_{k}"] for k in range(len(f.files) - 1)]
-  treedef, shapes = jax.tree.structure(like), [x.shape for x in jax.tree.leaves(like)]
-  if [x.shape[1:] for x in leaves] != shapes:
-    raise ValueError(f"{npz_path} does not hold this config's model")
-  return [jax.tree.unflatten(treedef, [x[i] for x in leaves]) for i in ids]
+def _members(stage_dir: str, like, count: int, ids) -> list:
+  """Members `ids` of a finished stage's `count` best parameters (checkpoint.BestParams, the
+  models the run tested), each a tree of numpy arrays."""
+  path = os.path.join(stage_dir, "best_params.npz")
+  if not os.path.isfile(path):
+    raise ValueError(f"{path} is missing: the stage has not finished")
+  stacked_like = jax.tree.map(lambda x: jax.ShapeDtypeStruct((count, *x.shape), x.dtype), like)
+  stacked = ckpt_lib.BestParams(path, count).params(stacked_like)
+  return [kind_lib.member(stacked, i) for i in ids]
 
 
 def load_run(workdir: str, stage: str):
@@ -264,12 +267,12 @@ def load_run(workdir: str, stage: str):
   prep = testbed.prepare(c, workdir)
   like = jax.eval_shape(lambda: model_lib.init_params(prep.cfg, jax.random.key(0)))
   n = len(prep.seeds)
-  bases = _members(os.path.join(workdir, "base", "best_params.npz"), like, range(n))
+  bases = _members(os.path.join(workdir, "base"), like, n, range(n))
   names = [r.name for r in prep.of("full")]
   k_task, k_lang = names.index("task expert"), names.index("language expert")
-  ft = os.path.join(workdir, stage, "best_params.npz")
-  tasks = _members(ft, like, [k_task * n + i for i in range(n)])
-  langs = _members(ft, like, [k_lang * n + i for i in range(n)])
+  ft, members = os.path.join(workdir, stage), len(names) * n  # recipe-major: recipe k, seed i at k * n + i
+  tasks = _members(ft, like, members, [k_task * n + i for i in range(n)])
+  langs = _members(ft, like, members, [k_lang * n + i for i in range(n)])
   return c, prep, list(zip(bases, tasks, langs))
 
 
