@@ -287,7 +287,7 @@ def measure(workdir: str, stage: str, problems: int = 200, seeds: int = 0) -> di
   models = models[:seeds] if seeds else models
   cfg, layers = prep.cfg, prep.cfg.num_layers
   bottom, top = zone(layers)
-  out = {"workdir": os.path.abspath(workdir), "stage": stage, "num_layers": layers,
+  out = {"workdir": workdir, "stage": stage, "num_layers": layers,
          "seeds": prep.seeds[:len(models)], "zone": {"bottom": bottom, "top": top}, "delta": {}, "edge_ratio": {}}
   for name, which in (("task expert", 1), ("language expert", 2)):
     per = [delta_by_block(m[which], m[0], layers) for m in models]
