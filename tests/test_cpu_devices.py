@@ -22,10 +22,15 @@ def test_default_count_is_a_power_of_two_of_the_cores(cores, want):
 def test_configure_sets_the_count_once_and_keeps_a_given_flag():
   env = {"XLT_CPU_DEVICES": "3", "XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}
   assert cpu_devices.configure(env) == 3
-  assert env["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=3"
+  timeouts = " ".join(f"{f}=86400" for f in cpu_devices.COLLECTIVE_TIMEOUT_FLAGS)
+  assert env["XLA_FLAGS"] == f"--xla_cpu_enable_fast_math=false {timeouts} --xla_force_host_platform_device_count=3"
   assert cpu_devices.configure(env) is None  # already set: left alone
+  assert env["XLA_FLAGS"].count("timeout") == 2
+  short = {"XLA_FLAGS": "--xla_cpu_collective_timeout_seconds=5"}
+  cpu_devices.configure(short)
+  assert "--xla_cpu_collective_timeout_seconds=5" in short["XLA_FLAGS"] and short["XLA_FLAGS"].count("timeout") == 2
   given = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "XLT_CPU_DEVICES": "2"}
-  assert cpu_devices.configure(given) is None and given["XLA_FLAGS"].endswith("=8")
+  assert cpu_devices.configure(given) is None and "device_count=8 " in given["XLA_FLAGS"]
   empty = {}
   assert cpu_devices.configure(empty) == cpu_devices.default_count(cpu_devices.usable_cores())
   for bad in ("0", "-2", "two", "1.5"):
@@ -39,7 +44,7 @@ def test_a_fresh_process_gets_the_devices():
   for n in ("1", "3"):
     out = subprocess.run([sys.executable, "-c", code], env={**env, "XLT_CPU_DEVICES": n, "JAX_PLATFORMS": "cpu"},
                          cwd=REPO, capture_output=True, text=True, check=True)
-    assert out.stdout.split()[-1] == n
+    assert out.stdout.split()[-1] == n  # XLA accepts the collective timeout flags, too
 
 
 def test_cores_env_pins_the_process_and_counts_its_cores():

@@ -12,6 +12,7 @@ XLT_CPU_DEVICES sets the count (1 turns this off: one CPU device, as before). Th
 the number of cores this process may use, rounded down to a power of two (every batch size in
 configs/ divides it) and at most 8 (more was never measured). An XLA_FLAGS that already sets
 --xla_force_host_platform_device_count (the tests, the multi-host walkthrough) is left alone.
+Collectives between these devices get a day's timeout (COLLECTIVE_TIMEOUT_FLAGS) unless XLA_FLAGS sets one.
 Only the CPU backend reads the flag: on a GPU or TPU host, jax's devices are the accelerators.
 
 Results of a data-parallel step equal the single-device step's to float rounding (the loss
@@ -34,6 +35,12 @@ ENV = "XLT_CPU_DEVICES"
 CORES_ENV = "XLT_CPU_CORES"
 FLAG = "--xla_force_host_platform_device_count"
 MAX_DEFAULT = 8
+# XLA:CPU aborts the process when one device waits on an all-reduce longer than these (40 s by
+# default): on a busy machine the OS may leave one device's thread unscheduled that long, and
+# a long run died so. A collective between in-process devices cannot hang for other reasons.
+COLLECTIVE_TIMEOUT_FLAGS = ("--xla_cpu_collective_call_terminate_timeout_seconds",
+                            "--xla_cpu_collective_timeout_seconds")
+COLLECTIVE_TIMEOUT_S = 86400
 
 
 def usable_cores() -> int:
@@ -95,6 +102,10 @@ def configure(environ=os.environ) -> int | None:
       raise ValueError(f"{CORES_ENV} pins a process to cores, which needs Linux")
     os.sched_setaffinity(0, parse_cores(environ[CORES_ENV]))
   flags = environ.get("XLA_FLAGS", "")
+  for timeout_flag in COLLECTIVE_TIMEOUT_FLAGS:
+    if timeout_flag not in flags:
+      flags = f"{flags} {timeout_flag}={COLLECTIVE_TIMEOUT_S}".strip()
+  environ["XLA_FLAGS"] = flags
   if FLAG in flags:
     return None
   n = count(environ)
