@@ -92,6 +92,21 @@ def shrink_testbed():
   return shrink
 
 
+@pytest.fixture(scope="session")
+def finished_testbed(shrink_testbed, tmp_path_factory):
+  """A finished tiny testbed run (2 seeds, preset [C] only, 4 steps a stage) that the structure
+  tests read (the command and the structure kind), trained once per session."""
+  from configs import merge as merge_config
+  from xlt import runner
+
+  c = shrink_testbed(merge_config.get_config(), steps=4)
+  c.num_seeds = 2
+  c.partition.presets, c.simultaneous.presets = ("C",), ()
+  workdir = tmp_path_factory.mktemp("finished_testbed")
+  runner.run(c, str(workdir), progress=False)
+  return workdir
+
+
 
 def tiny_lm():
   """A tiny language model's config (2 blocks, width 16, vocabulary 50) for the decoding and
@@ -128,3 +143,4 @@ def load_script(relative: str, name: str | None = None):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+

@@ -19,7 +19,8 @@ def test_every_kind_is_found_from_its_declaration():
   assert found == {"synthetic": "xlt.experiments.synthetic", "text": "xlt.experiments.text",
                    "testbed": "xlt.experiments.testbed.experiment",
                    "testbed.regimes": "xlt.experiments.testbed.regimes",
-                   "finetune": "xlt.experiments.finetune", "pretrain_hf": "xlt.experiments.pretrain_hf"}
+                   "finetune": "xlt.experiments.finetune", "pretrain_hf": "xlt.experiments.pretrain_hf",
+                   "structure": "xlt.experiments.structure"}
   for module in set(experiments.kinds().values()):
     assert all(callable(getattr(module, f, None)) for f in ("prepare", "stages", "outputs")), module.__name__
 
@@ -28,8 +29,8 @@ def test_the_kind_and_the_data_task_are_apart():
   assert experiments.resolve({"kind": "testbed", "task": "arithmetic"}) == ("testbed", "arithmetic")
   assert experiments.resolve({"kind": "testbed.regimes", "task": "arithmetic"}) == ("testbed.regimes", "arithmetic")
   assert experiments.resolve({"kind": "synthetic", "task": "addition"}) == ("synthetic", "addition")
-  with pytest.raises(ValueError, match="^unknown experiment kind 'chess'; known: finetune, pretrain_hf, synthetic, "
-                                       "testbed, testbed.regimes, text$"):
+  with pytest.raises(ValueError, match="^unknown experiment kind 'chess'; known: finetune, pretrain_hf, structure, "
+                                       "synthetic, testbed, testbed.regimes, text$"):
     experiments.resolve({"kind": "chess", "task": "arithmetic"})
   with pytest.raises(ValueError, match="^experiment kind 'testbed' runs task 'arithmetic', not 'graph'$"):
     experiments.resolve({"kind": "testbed", "task": "graph"})

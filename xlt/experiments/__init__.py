@@ -15,6 +15,8 @@ through adding one):
                partition recipes, LoRA, merges -> Hugging Face directories, scores
   pretrain_hf  pretrain_hf: a small Llama-shaped base on the testbed's data, saved as a Hugging
                Face directory with its tokenizer and fine-tuning data (configs/llama_base.py)
+  structure    arithmetic: xlt.structure's measure of finished testbed runs, requested by a
+               config (configs/structure.py); it trains nothing
 
 and what they share: common (what a kind declares, hands the runner and gets back, and the
 stage helpers) and recipes (the recipe model of the testbed and finetune).
