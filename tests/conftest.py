@@ -29,7 +29,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # measured by benchmarks/, which run fully optimised.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
+import json
 import pathlib
+import random
 import sys
 
 import pytest
@@ -107,7 +109,6 @@ def finished_testbed(shrink_testbed, tmp_path_factory):
   return workdir
 
 
-
 def tiny_lm():
   """A tiny language model's config (2 blocks, width 16, vocabulary 50) for the decoding and
   perplexity tests."""
@@ -144,3 +145,52 @@ def load_script(relative: str, name: str | None = None):
   spec.loader.exec_module(module)
   return module
 
+
+# ---- small text corpora: xlt.data's tests (test_corpus, test_spm_tokenizer, test_packing)
+
+
+def write(path, content: str | bytes) -> str:
+  """Writes `content` (text as UTF-8, or bytes) to `path`; returns the path as a string."""
+  mode = "wb" if isinstance(content, bytes) else "w"
+  with open(path, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
+    f.write(content)
+  return str(path)
+
+
+def jsonl(records) -> str:
+  return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+
+
+EN_STORY = (("the little girl", "a happy dog", "her brother", "the old cat", "a small bird"),
+            ("found", "wanted", "played with", "looked at", "shared"),
+            ("a red ball", "the big tree", "some sweet cake", "a shiny stone", "the blue boat"))
+DE_STORY = (("das kleine Mädchen", "ein fröhlicher Hund", "ihr Bruder", "die alte Katze", "ein kleiner Vogel"),
+            ("fand", "wollte", "spielte mit", "schaute auf", "teilte"),
+            ("einen roten Ball", "den großen Baum", "süßen Kuchen", "einen glänzenden Stein", "das blaue Boot"))
+
+
+def stories(words, verbs, objects, n, seed):
+  """n stories of four sentences (subject verb object), seeded."""
+  rng = random.Random(seed)
+  sentence = lambda: " ".join(rng.choice(x) for x in (words, verbs, objects)) + "."
+  return ["\n\n".join(s[0].upper() + s[1:] for s in (sentence() for _ in range(4)))
+          for _ in range(n)]
+
+
+@pytest.fixture(scope="session")
+def story_corpora(tmp_path_factory):
+  """Two corpora of 60 stories each: English as JSONL, German as text with an eot marker."""
+  from xlt.data import corpus
+
+  root = tmp_path_factory.mktemp("corpora")
+  en = write(root / "en.jsonl", jsonl({"text": s} for s in stories(*EN_STORY, 60, seed=0)))
+  de = write(root / "de.txt", "\n<|endoftext|>\n".join(stories(*DE_STORY, 60, seed=1)))
+  return [corpus.CorpusSpec(en, "jsonl", language="en"), corpus.CorpusSpec(de, "text", language="de")]
+
+
+@pytest.fixture(scope="session")
+def story_sp(story_corpora, tmp_path_factory):
+  """A 400-piece sentencepiece tokenizer trained on `story_corpora`."""
+  from xlt.data import spm_tokenizer
+
+  return spm_tokenizer.train_or_load_tokenizer(str(tmp_path_factory.mktemp("work")), story_corpora, vocab_size=400)
