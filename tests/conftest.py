@@ -94,18 +94,24 @@ def shrink_testbed():
   return shrink
 
 
-@pytest.fixture(scope="session")
-def finished_testbed(shrink_testbed, tmp_path_factory):
-  """A finished tiny testbed run (2 seeds, preset [C] only, 4 steps a stage) that the structure
-  tests read (the command and the structure kind), trained once per session."""
+def finished_testbed_config(shrink):
+  """The config of `finished_testbed`'s run (`shrink`: the shrink_testbed fixture's function)."""
   from configs import merge as merge_config
-  from xlt import runner
 
-  c = shrink_testbed(merge_config.get_config(), steps=4)
+  c = shrink(merge_config.get_config(), steps=4)
   c.num_seeds = 2
   c.partition.presets, c.simultaneous.presets = ("C",), ()
+  return c
+
+
+@pytest.fixture(scope="session")
+def finished_testbed(shrink_testbed, tmp_path_factory):
+  """A finished tiny testbed run (2 seeds, preset [C] only, 4 steps a stage) that tests only
+  read (the structure command and kind, bases_from), trained once per session (per worker)."""
+  from xlt import runner
+
   workdir = tmp_path_factory.mktemp("finished_testbed")
-  runner.run(c, str(workdir), progress=False)
+  runner.run(finished_testbed_config(shrink_testbed), str(workdir), progress=False)
   return workdir
 
 
