@@ -65,6 +65,13 @@ def test_a_config_json_of_older_code_still_claims_its_workdir(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(old))
   assert common.config_changes(old, c) == {}
   assert runner.claim_workdir(c, str(tmp_path)) == "same"
+  # a config that sets only the former task (configs/claims_study.py) is recorded as it runs
+  c.kind, c.task = "testbed", "arithmetic_regimes"
+  (tmp_path / "new").mkdir()
+  assert runner.claim_workdir(c, str(tmp_path / "new")) == "new"
+  recorded = json.loads((tmp_path / "new" / "config.json").read_text())
+  assert (recorded["kind"], recorded["task"]) == ("testbed.regimes", "arithmetic")
+  c.kind, c.task = "testbed.regimes", "arithmetic"
   c.kind = "testbed"
   assert set(common.config_changes(old, c)) == {"kind"}
 

@@ -173,6 +173,8 @@ def claim_workdir(c, workdir: str, kind=None) -> str:
   a config that only adds recipes ("added"): the finished stages are kept, the new ones
   trained, and the outputs written again (the finished mark, results.json, is removed first,
   then the new config recorded)."""
+  if "task" in c or "kind" in c:  # an experiment's: recorded with its kind written out
+    c = experiments.with_kind(c)
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     results_lib.atomic_write(path, json.dumps(_as_json(c), indent=1, sort_keys=True))
