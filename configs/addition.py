@@ -23,7 +23,7 @@ from configs import common
 def get_config(arg: str = ""):
   c = ml_collections.ConfigDict()
   c.name = "addition_standard_letter"
-  c.task = "addition"
+  c.kind, c.task = "synthetic", "addition"  # the experiment (xlt.experiments), its data
   c.seed = 0
   c.num_seeds = 3
   c.conditions = ("target_alone", "source_alone", "mixed")

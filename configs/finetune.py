@@ -32,7 +32,7 @@ from configs import common
 def get_config():
   c = ml_collections.ConfigDict()
   c.name = "finetune"
-  c.task = "finetune"
+  c.kind, c.task = "finetune", "finetune"  # the experiment (xlt.experiments), its data
   c.seed = 0
   c.base = ""  # a Hugging Face model directory (config.json, safetensors, tokenizer)
   c.dtype = ""  # the computation's dtype (and the parameters', unless param_dtype): "" = the checkpoint's

@@ -21,7 +21,7 @@ from configs import common
 def get_config():
   c = ml_collections.ConfigDict()
   c.name = "graph_diff_grammar"
-  c.task = "graph"
+  c.kind, c.task = "synthetic", "graph"  # the experiment (xlt.experiments), its data
   c.seed = 0  # first seed; seeds are seed .. seed + num_seeds - 1 (init and data order)
   c.num_seeds = 3
   c.conditions = ("target_alone", "source_alone", "mixed")

@@ -23,7 +23,7 @@ from configs import merge as merge_config
 def get_config():
   c = ml_collections.ConfigDict()
   c.name = "llama_base"
-  c.task = "pretrain_hf"
+  c.kind, c.task = "pretrain_hf", "pretrain_hf"  # the experiment (xlt.experiments), its data
   c.seed = 0
   testbed = merge_config.get_config()
   c.arithmetic = testbed.arithmetic

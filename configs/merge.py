@@ -36,7 +36,7 @@ def parts(ops, language, binary: int, unary: int):
 def get_config():
   c = ml_collections.ConfigDict()
   c.name = "merge_testbed"
-  c.task = "arithmetic"
+  c.kind, c.task = "testbed", "arithmetic"  # the experiment (xlt.experiments), its data
   c.seed = 0
   # 10 seeds (bases), 1,000 goal problems: sized from the variance of 5-seed runs (docs/testbed.md),
   # as many as fit ~30 minutes on a 2-core CPU; each row reports a 95% interval over seeds

@@ -5,8 +5,8 @@ far fine-tuning moved the experts from the base.
 
 configs/merge.py's testbed (its data, model, base, partition presets and merge settings, read
 from its get_config(), at the first 5 of its seeds), with the fine-tuning stage run once per
-regime of `regimes`, each from the same base (xlt.experiments.testbed.regimes, c.task
-"arithmetic_regimes"): the experts, data mixing, the partial experts and simultaneous training
+regime of `regimes`, each from the same base (c.kind "testbed.regimes" on the testbed's data,
+xlt.experiments.testbed.regimes): the experts, data mixing, the partial experts and simultaneous training
 of each partition preset, and every merge built from them (freeze-then-train,
 train-then-revert, layer swaps, soups, task arithmetic, TIES, DARE, MAET). The LoRA and
 trained-neuron recipes are off, to keep a run affordable: per regime the default's full
@@ -33,7 +33,7 @@ REGIMES = ((1e-4, 400), (3e-4, 800), (1e-3, 800), (3e-3, 800))
 def get_config():
   c = merge.get_config()
   c.name = "merge_regimes"
-  c.task = "arithmetic_regimes"
+  c.kind = "testbed.regimes"  # the testbed per fine-tuning regime, on the same data
   c.regimes = REGIMES
   c.num_seeds = 5  # the default's first 5 bases: 3.5 default fine-tune stages (~47 min recorded)
   c.lora.enabled = False

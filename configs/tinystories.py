@@ -34,7 +34,7 @@ def corpus(path=None, format="jsonl", field="text", language="", max_documents=0
 def get_config():
   c = ml_collections.ConfigDict()
   c.name = "tinystories_proxy_en_ru"
-  c.task = "text"
+  c.kind, c.task = "text", "text"  # the experiment (xlt.experiments), its data
   c.seed = 0  # first seed; seeds are seed .. seed + num_seeds - 1 (init and data order)
   c.num_seeds = 1
   # overrides num_seeds per condition. As the reference: the mixed models 3 times; the limited

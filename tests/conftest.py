@@ -29,7 +29,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # measured by benchmarks/, which run fully optimised.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
+import json
 import pathlib
+import random
 import sys
 
 import pytest
@@ -92,6 +94,26 @@ def shrink_testbed():
   return shrink
 
 
+def finished_testbed_config(shrink):
+  """The config of `finished_testbed`'s run (`shrink`: the shrink_testbed fixture's function)."""
+  from configs import merge as merge_config
+
+  c = shrink(merge_config.get_config(), steps=4)
+  c.num_seeds = 2
+  c.partition.presets, c.simultaneous.presets = ("C",), ()
+  return c
+
+
+@pytest.fixture(scope="session")
+def finished_testbed(shrink_testbed, tmp_path_factory):
+  """A finished tiny testbed run (2 seeds, preset [C] only, 4 steps a stage) that tests only
+  read (the structure command and kind, bases_from), trained once per session (per worker)."""
+  from xlt import runner
+
+  workdir = tmp_path_factory.mktemp("finished_testbed")
+  runner.run(finished_testbed_config(shrink_testbed), str(workdir), progress=False)
+  return workdir
+
 
 def tiny_lm():
   """A tiny language model's config (2 blocks, width 16, vocabulary 50) for the decoding and
@@ -128,3 +150,53 @@ def load_script(relative: str, name: str | None = None):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+# ---- small text corpora: xlt.data's tests (test_corpus, test_spm_tokenizer, test_packing)
+
+
+def write(path, content: str | bytes) -> str:
+  """Writes `content` (text as UTF-8, or bytes) to `path`; returns the path as a string."""
+  mode = "wb" if isinstance(content, bytes) else "w"
+  with open(path, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
+    f.write(content)
+  return str(path)
+
+
+def jsonl(records) -> str:
+  return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+
+
+EN_STORY = (("the little girl", "a happy dog", "her brother", "the old cat", "a small bird"),
+            ("found", "wanted", "played with", "looked at", "shared"),
+            ("a red ball", "the big tree", "some sweet cake", "a shiny stone", "the blue boat"))
+DE_STORY = (("das kleine Mädchen", "ein fröhlicher Hund", "ihr Bruder", "die alte Katze", "ein kleiner Vogel"),
+            ("fand", "wollte", "spielte mit", "schaute auf", "teilte"),
+            ("einen roten Ball", "den großen Baum", "süßen Kuchen", "einen glänzenden Stein", "das blaue Boot"))
+
+
+def stories(words, verbs, objects, n, seed):
+  """n stories of four sentences (subject verb object), seeded."""
+  rng = random.Random(seed)
+  sentence = lambda: " ".join(rng.choice(x) for x in (words, verbs, objects)) + "."
+  return ["\n\n".join(s[0].upper() + s[1:] for s in (sentence() for _ in range(4)))
+          for _ in range(n)]
+
+
+@pytest.fixture(scope="session")
+def story_corpora(tmp_path_factory):
+  """Two corpora of 60 stories each: English as JSONL, German as text with an eot marker."""
+  from xlt.data import corpus
+
+  root = tmp_path_factory.mktemp("corpora")
+  en = write(root / "en.jsonl", jsonl({"text": s} for s in stories(*EN_STORY, 60, seed=0)))
+  de = write(root / "de.txt", "\n<|endoftext|>\n".join(stories(*DE_STORY, 60, seed=1)))
+  return [corpus.CorpusSpec(en, "jsonl", language="en"), corpus.CorpusSpec(de, "text", language="de")]
+
+
+@pytest.fixture(scope="session")
+def story_sp(story_corpora, tmp_path_factory):
+  """A 400-piece sentencepiece tokenizer trained on `story_corpora`."""
+  from xlt.data import spm_tokenizer
+
+  return spm_tokenizer.train_or_load_tokenizer(str(tmp_path_factory.mktemp("work")), story_corpora, vocab_size=400)

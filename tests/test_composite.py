@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from xlt import composite, lora, model, neurons, sharding, train
-from xlt.paths import path_names
+from xlt.param_paths import path_names
 
 CFG = model.Config(vocab_size=16, block_size=8, num_layers=2, num_heads=2, d_model=8)
 TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 16, (3, 6)), jnp.int32)

@@ -1,5 +1,6 @@
 """xlt.experiments: the kinds declare themselves (common.Kind), and the runner and the report
-find each config task's kind, headline metric and measurements from the declarations."""
+find each config's kind (c.kind, apart from its data task c.task; older config.json files by
+their task), headline metric and measurements from the declarations."""
 
 import importlib
 import json
@@ -14,27 +15,76 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_every_kind_is_found_from_its_declaration():
-  found = {task: module.__name__ for task, module in experiments.kinds().items()}
-  assert found == {"graph": "xlt.experiments.synthetic", "addition": "xlt.experiments.synthetic",
-                   "text": "xlt.experiments.text", "arithmetic": "xlt.experiments.testbed.experiment",
-                   "arithmetic_regimes": "xlt.experiments.testbed.regimes",
-                   "finetune": "xlt.experiments.finetune", "pretrain_hf": "xlt.experiments.pretrain_hf"}
+  found = {name: module.__name__ for name, module in experiments.kinds().items()}
+  assert found == {"synthetic": "xlt.experiments.synthetic", "text": "xlt.experiments.text",
+                   "testbed": "xlt.experiments.testbed.experiment",
+                   "testbed.regimes": "xlt.experiments.testbed.regimes",
+                   "finetune": "xlt.experiments.finetune", "pretrain_hf": "xlt.experiments.pretrain_hf",
+                   "structure": "xlt.experiments.structure"}
   for module in set(experiments.kinds().values()):
     assert all(callable(getattr(module, f, None)) for f in ("prepare", "stages", "outputs")), module.__name__
 
 
-def test_an_unknown_task_names_the_known_ones():
-  with pytest.raises(ValueError, match="unknown task 'chess'; known: addition, arithmetic, arithmetic_regimes, "):
-    experiments.kind("chess")
-  with pytest.raises(report.UserError, match="unknown task 'chess'"):
-    report.declaration("chess")
+def test_the_kind_and_the_data_task_are_apart():
+  assert experiments.resolve({"kind": "testbed", "task": "arithmetic"}) == ("testbed", "arithmetic")
+  assert experiments.resolve({"kind": "testbed.regimes", "task": "arithmetic"}) == ("testbed.regimes", "arithmetic")
+  assert experiments.resolve({"kind": "synthetic", "task": "addition"}) == ("synthetic", "addition")
+  with pytest.raises(ValueError, match="^unknown experiment kind 'chess'; known: finetune, pretrain_hf, structure, "
+                                       "synthetic, testbed, testbed.regimes, text$"):
+    experiments.resolve({"kind": "chess", "task": "arithmetic"})
+  with pytest.raises(ValueError, match="^experiment kind 'testbed' runs task 'arithmetic', not 'graph'$"):
+    experiments.resolve({"kind": "testbed", "task": "graph"})
+  with pytest.raises(report.UserError, match="unknown experiment kind 'chess'"):
+    report.declaration({"kind": "chess", "task": "graph"})
+
+
+def test_configs_of_older_code_are_read_with_the_kind_their_task_chose():
+  # config.json files written before c.kind existed: the task chose the kind
+  assert experiments.resolve({"task": "arithmetic"}) == ("testbed", "arithmetic")
+  assert experiments.resolve({"task": "arithmetic_regimes"}) == ("testbed.regimes", "arithmetic")
+  assert experiments.resolve({"task": "graph"}) == ("synthetic", "graph")
+  # a config deriving from configs/merge.py (kind testbed) that sets only the former task
+  # (configs/claims_study.py) runs the regime map
+  assert experiments.resolve({"kind": "testbed", "task": "arithmetic_regimes"}) == ("testbed.regimes", "arithmetic")
+  with pytest.raises(ValueError, match="names no experiment kind .* its task 'chess' chose none"):
+    experiments.resolve({"task": "chess"})
+  old = {"task": "arithmetic_regimes", "seed": 0}
+  assert experiments.with_kind(old) == {"kind": "testbed.regimes", "task": "arithmetic", "seed": 0}
+  assert old == {"task": "arithmetic_regimes", "seed": 0}  # the input is left alone
+
+
+def test_a_config_json_of_older_code_still_claims_its_workdir(tmp_path):
+  # a workdir that a run of older code recorded (no kind, the former task) resumes under
+  # today's config of the same experiment: no field differs
+  from configs import merge_regimes
+
+  c = merge_regimes.get_config()
+  old = json.loads(json.dumps(c.to_dict(), default=repr))
+  del old["kind"]
+  old["task"] = "arithmetic_regimes"
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  assert common.config_changes(old, c) == {}
+  assert runner.claim_workdir(c, str(tmp_path)) == "same"
+  # a config that sets only the former task (configs/claims_study.py) is recorded as it runs
+  c.kind, c.task = "testbed", "arithmetic_regimes"
+  (tmp_path / "new").mkdir()
+  assert runner.claim_workdir(c, str(tmp_path / "new")) == "new"
+  recorded = json.loads((tmp_path / "new" / "config.json").read_text())
+  assert (recorded["kind"], recorded["task"]) == ("testbed.regimes", "arithmetic")
+  c.kind, c.task = "testbed.regimes", "arithmetic"
+  c.kind = "testbed"
+  assert set(common.config_changes(old, c)) == {"kind"}
 
 
 def test_a_declaration_is_checked():
   with pytest.raises(ValueError, match="at least one task"):
-    common.Kind(tasks={})
+    common.Kind(name="x", tasks={})
+  with pytest.raises(ValueError, match="has a name"):
+    common.Kind(name="", tasks={"x": None})
   with pytest.raises(ValueError, match="measurements 'table'"):
-    common.Kind(tasks={"x": None}, measurements="table")
+    common.Kind(name="x", tasks={"x": None}, measurements="table")
+  with pytest.raises(ValueError, match="former tasks mean \\['y'\\], which it does not run"):
+    common.Kind(name="x", tasks={"x": None}, former_tasks={"old": "y"})
 
 
 def test_every_recorded_result_has_its_kinds_headline_metric():
@@ -45,7 +95,9 @@ def test_every_recorded_result_has_its_kinds_headline_metric():
     module, _, arg = result["config"].removesuffix(".py").partition(":")
     config = importlib.import_module(module.replace("/", ".").replace(".py", ""))
     c = config.get_config(arg) if arg else config.get_config()
-    assert report.declaration(c.task).tasks[c.task] == result["metric"], name
+    assert c.get("kind"), f"{result['config']} names no kind"
+    c = experiments.with_kind(c)
+    assert report.declaration(c).tasks[c.task] == result["metric"], name
 
 
 def test_stage_helpers_stack_take_and_configure():
@@ -65,11 +117,14 @@ def test_stage_helpers_stack_take_and_configure():
   assert common.loop_config(c, c.train, c.opt).sharding_rules == (("embed", None),)
 
 
-def test_unknown_task_is_named_with_the_known_ones(graph_config, tmp_path):
+def test_an_unknown_kind_or_task_is_refused_before_anything_is_written(graph_config, tmp_path):
   graph_config.task = "chess"
-  with pytest.raises(ValueError, match="unknown task 'chess'; known: addition, arithmetic, "):
+  with pytest.raises(ValueError, match="experiment kind 'synthetic' runs task 'graph' or 'addition', not 'chess'"):
     runner.run(graph_config, str(tmp_path / "w"), progress=False)
-  assert not (tmp_path / "w").exists()  # refused before anything is written
+  graph_config.task, graph_config.kind = "graph", "chess"
+  with pytest.raises(ValueError, match="unknown experiment kind 'chess'; known: finetune, "):
+    runner.run(graph_config, str(tmp_path / "w"), progress=False)
+  assert not (tmp_path / "w").exists()
 
 
 def test_modules_of_xlt_import_no_cycle():

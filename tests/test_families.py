@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from xlt import families, model, paths, pretrained
+from xlt import families, model, param_paths, pretrained
 from xlt.io import hf_dir
 
 HF = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
@@ -54,7 +54,7 @@ def test_table_names_exactly_the_fixture_tensors(fixture):
   cfg = pretrained.config_from_hf(FIXTURES[fixture])
   family = families.of_config_json(FIXTURES[fixture])
   shapes = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
-  leaves = {paths.path_names(p) for p, _ in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+  leaves = {param_paths.path_names(p) for p, _ in jax.tree_util.tree_flatten_with_path(shapes)[0]}
   full = family.table(cfg)
   assert leaves <= set(full)
   names = {n for leaf in leaves for n in full[leaf].names}

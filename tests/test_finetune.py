@@ -15,7 +15,7 @@ from configs import finetune as finetune_config
 from xlt import model, partition, pretrained, runner
 from xlt.eval import scores as eval_scores
 from xlt.experiments import finetune
-from xlt.paths import path_names
+from xlt.param_paths import path_names
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "llama")
 

@@ -12,7 +12,7 @@ from xlt import loop as loop_lib
 from xlt import model, partition, sharding
 from xlt import train as train_lib
 from xlt.experiments import finetune
-from xlt.paths import path_names
+from xlt.param_paths import path_names
 
 CFG = model.Config(vocab_size=16, block_size=8, num_layers=4, num_heads=2, d_model=8)
 PARAMS = model.init_params(CFG, jax.random.key(0))

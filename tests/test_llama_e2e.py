@@ -17,7 +17,7 @@ from configs import llama_base
 from configs import merge as merge_config
 from xlt import generate, hf_tokenizer, model, pretrained, runner
 from xlt.experiments import finetune, pretrain_hf
-from xlt.paths import path_names
+from xlt.param_paths import path_names
 
 SWAP = "layer_swap bottom=1 top=1"
 

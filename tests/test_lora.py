@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from xlt import lora, merge, model, partition, train
-from xlt.paths import path_names
+from xlt.param_paths import path_names
 
 CFG = model.Config(vocab_size=16, block_size=8, num_layers=4, num_heads=2, d_model=8)
 TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 16, (3, 6)), jnp.int32)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from xlt import merge
-from xlt import paths as naming
+from xlt import param_paths as naming
 from xlt.merge import combine, core
 from xlt.merge.maet import tensor_similarity  # xlt.merge.maet is the function
 
@@ -91,27 +91,6 @@ def test_block_kind_agrees_with_model_path_info_and_rows_fit_real_shapes():
   assert jax.tree_util.tree_structure(swapped) == jax.tree_util.tree_structure(params)
   np.testing.assert_array_equal(swapped["block_1"]["mlp"]["fc"]["kernel"], params["block_1"]["mlp"]["fc"]["kernel"])
   np.testing.assert_array_equal(swapped["block_2"]["ln_1"]["scale"], other["block_2"]["ln_1"]["scale"])
-
-
-def test_rows_are_output_units():
-  x = np.arange(D * F).reshape(D, F)  # a flax [in, out] kernel: rows are its columns
-  rows = merge.XLT.rows(("block_0", "mlp", "fc", "kernel"), x)
-  np.testing.assert_array_equal(rows, x.T)
-  proj = np.arange(H * K * D).reshape(H, K, D)  # attn proj: two input axes
-  np.testing.assert_array_equal(merge.XLT.rows(("block_0", "attn", "proj", "kernel"), proj),
-                                proj.reshape(H * K, D).T)
-  qkv = np.arange(D * 3 * H * K).reshape(D, 3, H, K)
-  np.testing.assert_array_equal(merge.XLT.rows(("block_0", "attn", "qkv", "kernel"), qkv), qkv.reshape(D, -1).T)
-  emb = np.arange(V * D).reshape(V, D)
-  np.testing.assert_array_equal(merge.XLT.rows(("wte", "embedding"), emb), emb)
-  np.testing.assert_array_equal(merge.XLT.rows(("wpe",), emb), emb)
-  np.testing.assert_array_equal(merge.XLT.rows(("block_0", "attn", "qkv", "bias"), np.ones((3, H, K))),
-                                np.ones((1, 3 * H * K)))
-  assert merge.XLT.rows(("ln_f", "scale"), np.ones(D)).shape == (1, D)
-  for path, a in ((("block_0", "mlp", "fc", "kernel"), x), (("block_0", "attn", "proj", "kernel"), proj),
-                  (("block_0", "attn", "qkv", "kernel"), qkv)):
-    np.testing.assert_array_equal(merge.XLT.from_rows(path, merge.XLT.rows(path, a), a.shape), a)
-  assert merge.XLT.local_name(("block_12", "attn", "qkv", "kernel")) == "attn/qkv/kernel"
 
 
 # ---- layer swapping

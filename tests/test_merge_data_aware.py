@@ -9,7 +9,7 @@ import pytest
 
 from xlt import merge_statistics, model
 from xlt.merge import data_aware, registry
-from xlt.paths import HF, XLT
+from xlt.param_paths import HF, XLT
 
 CFG = model.Config(vocab_size=16, block_size=8, num_layers=2, num_heads=2, d_model=8)
 RNG = np.random.default_rng(0)

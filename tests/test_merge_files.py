@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from xlt import merge
-from xlt import paths as naming
+from xlt import param_paths as naming
 from xlt.io import tensor_files as files
 from xlt.merge import tool
 
@@ -43,30 +43,6 @@ def finetunes(tmp_path):
     paths[name] = str(tmp_path / f"{name}.safetensors")
     files.save(tree, paths[name])
   return (base, task, lang), paths
-
-
-def test_hf_naming_places_llama_and_gpt2_names():
-  hf = naming.HF
-  assert hf.block_kind(("model.layers.3.self_attn.q_proj.weight",)) == (3, "attn")
-  assert hf.block_kind(("model.layers.12.mlp.down_proj.weight",)) == (12, "mlp")
-  assert hf.block_kind(("model.layers.0.post_attention_layernorm.weight",)) == (0, "norm")
-  assert hf.block_kind(("model.embed_tokens.weight",)) == (None, "embedding")
-  assert hf.block_kind(("model.norm.weight",)) == (None, "head")
-  assert hf.block_kind(("lm_head.weight",)) == (None, "head")
-  assert hf.block_kind(("transformer.h.5.mlp.c_fc.weight",)) == (5, "mlp")
-  assert hf.block_kind(("transformer.h.1.ln_2.bias",)) == (1, "norm")
-  assert hf.block_kind(("transformer.wpe.weight",)) == (None, "embedding")
-  assert hf.local_name(("model.layers.3.self_attn.q_proj.weight",)) == "self_attn.q_proj.weight"
-  # rows = output units: axis 0 of torch Linear [out, in], axis 1 of GPT-2 Conv1D [in, out]
-  assert hf.rows(("model.layers.0.mlp.up_proj.weight",), np.zeros((12, 8))).shape == (12, 8)
-  assert hf.rows(("transformer.h.0.mlp.c_fc.weight",), np.zeros((8, 32))).shape == (32, 8)
-  assert hf.rows(("model.norm.weight",), np.zeros(8)).shape == (1, 8)
-  with pytest.raises(ValueError, match="no rule of the 'hf' naming"):
-    hf.block_kind(("model.vision_tower.patch_embed.weight",))
-  assert naming.naming_for(list(llama(0))) is naming.HF
-  assert naming.naming_for(["wte/embedding", "block_0/attn/qkv/kernel"]) is naming.XLT
-  with pytest.raises(ValueError, match="'model.rotary.inv_freq': no naming rule recognises it"):
-    naming.naming_for(["model.layers.0.mlp.up_proj.weight", "model.rotary.inv_freq"])
 
 
 def test_save_and_load_round_trip_lazily(tmp_path):

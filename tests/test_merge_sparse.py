@@ -18,7 +18,7 @@ from safetensors.numpy import load_file
 from conftest import load_script
 from xlt.io import hf_dir as hf
 from xlt.merge import combine, core, registry, sparse
-from xlt.paths import HF, XLT
+from xlt.param_paths import HF, XLT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")

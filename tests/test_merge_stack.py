@@ -13,7 +13,7 @@ from safetensors.numpy import load_file
 
 from conftest import load_script
 from xlt.merge import from_mergekit, stack
-from xlt.paths import naming_for
+from xlt.param_paths import naming_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(REPO, "tests", "fixtures")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from xlt import merge, paths
+from xlt import merge
 from xlt.io import tensor_files as files
 from xlt.merge import from_mergekit, registry, tool
 
@@ -20,7 +20,7 @@ ENV = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
 
 
 def neox(seed: int, layers: int = 4, d: int = 8, v: int = 16) -> dict:
-  """A tiny GPT-NeoX-named checkpoint: no rule of xlt.paths knows these names."""
+  """A tiny GPT-NeoX-named checkpoint: no rule of xlt.param_paths knows these names."""
   rng = np.random.default_rng(seed)
   shapes = {"gpt_neox.embed_in.weight": (v, d), "gpt_neox.final_layer_norm.weight": (d,),
             "embed_out.weight": (v, d)}
@@ -73,16 +73,7 @@ def test_registry_marks_layer_aware_methods():
   assert "needs a naming rule" in registry.describe("layer_swap")
 
 
-def test_from_pattern_places_blocks_and_kinds():
-  nm = paths.from_pattern("gpt_neox.layers.{i}.")
-  assert nm.block_kind("gpt_neox.layers.12.attention.dense.weight") == (12, "attn")
-  assert nm.block_kind("gpt_neox.layers.0.post_attention_layernorm.weight") == (0, "norm")
-  assert nm.block_kind("gpt_neox.layers.3.mlp.dense_h_to_4h.weight") == (3, "mlp")
-  assert nm.block_kind("gpt_neox.embed_in.weight") == (None, "embedding")
-  assert nm.block_kind("embed_out.weight") == (None, "head")
-  assert nm.local_name("gpt_neox.layers.3.mlp.dense_h_to_4h.weight") == "mlp.dense_h_to_4h.weight"
-  with pytest.raises(ValueError, match="must hold"):
-    paths.from_pattern("gpt_neox.layers.")
+def test_a_block_pattern_that_matches_no_tensor_is_an_error():
   with pytest.raises(ValueError, match="matches no tensor name"):
     registry.naming_for_method(registry.get("layer_swap"), {}, ["a.b"], "h.{i}.")
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xlt import ensemble_decode, matmul, model, paths
+from xlt import ensemble_decode, matmul, model, param_paths
 
 
 def _param_count(v, t, l, d, tied=False):
@@ -321,7 +321,7 @@ def test_hf_style_params_paths_axes_and_cache():
   assert np.all(np.asarray(blk["ln_1"]["scale"]) == 0)  # (1 + w) norms start at w = 0
   assert model.path_info(("block_0", "ln_2_post", "scale")) == (0, "norm")
   assert model.path_info(("block_1", "attn", "k_norm", "scale")) == (1, "attn")
-  assert paths.XLT.num_rows(("block_0", "attn", "k", "kernel"), (16, 2, 6)) == 12
+  assert param_paths.XLT.num_rows(("block_0", "attn", "k", "kernel"), (16, 2, 6)) == 12
   assert model.logical_axes(cfg)["block_0"]["attn"]["k"]["kernel"] == jax.sharding.PartitionSpec(
       "embed", "kv_heads", "kv")
   assert model.init_cache(cfg, 3, 10)[0][0].shape == (3, 2, 10, 6)  # key/value heads are cached

@@ -53,7 +53,7 @@ def test_a_finished_workdir_returns_its_rows_without_preparing_or_training(confi
   workdir, done = runner.open_workdir(c, str(tmp_path))
   assert done is None
   runner.write_outputs(workdir, rows, "table\n", {"wall_s": 1.0})
-  monkeypatch.setattr(experiments.kind(c.task), "prepare", lambda *a: pytest.fail("prepared a finished workdir"))
+  monkeypatch.setattr(experiments.kind(c), "prepare", lambda *a: pytest.fail("prepared a finished workdir"))
   assert runner.run(c, str(tmp_path), progress=False) == rows
   config_b = importlib.import_module(f"configs.{config}").get_config()
   with config_b.unlocked():

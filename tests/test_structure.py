@@ -9,8 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import merge as merge_config
-from xlt import model, runner, structure
+from xlt import model, structure
 
 
 def _tree(block0: float, block1: float, wte: float):
@@ -82,13 +81,10 @@ def test_residuals_start_at_the_embeddings_and_a_block_changes_only_what_follows
   assert logits.shape == (2, 4, 11)
 
 
-def test_the_command_measures_a_finished_run_and_refuses_other_workdirs(shrink_testbed, tmp_path, capsys):
-  c = shrink_testbed(merge_config.get_config(), steps=4)
-  c.num_seeds = 2
-  c.partition.presets, c.simultaneous.presets = ("C",), ()
-  runner.run(c, str(tmp_path), progress=False)
+def test_the_command_measures_a_finished_run_and_refuses_other_workdirs(finished_testbed, tmp_path, capsys):
   out = tmp_path / "s.json"
-  assert structure.main([f"--workdir={tmp_path}", "--problems=4", f"--out={out}", f"--png={tmp_path / 's.png'}"]) == 0
+  assert structure.main([f"--workdir={finished_testbed}", "--problems=4", f"--out={out}",
+                         f"--png={tmp_path / 's.png'}"]) == 0
   r = json.loads(out.read_text())
   assert r["stage"] == "finetune" and r["num_layers"] == 4 and r["seeds"] == [0, 1]
   assert len(r["swap"]["goal"]["mean"]) == 4 and len(r["swap"]["task"]["values"]) == 2

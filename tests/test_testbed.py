@@ -8,6 +8,7 @@ import numpy as np
 import ml_collections
 import pytest
 
+from conftest import finished_testbed_config
 from configs import merge as merge_config
 from configs import merge_peft
 from xlt import model, partition, runner
@@ -173,15 +174,14 @@ def test_replay_adds_a_fixed_share_of_the_base_data(tiny):
   assert testbed_plan.replay(list(range(3)), ["b"], 2.0, 0) == [0, 1, 2] + ["b"] * 6  # more than the base has
 
 
-def test_bases_from_reruns_the_recipes_on_a_finished_runs_bases(shrink_testbed, tmp_path):
-  c = shrink_testbed(merge_config.get_config())
-  c.num_seeds = 2
-  first = runner.run(c, str(tmp_path / "first"), progress=False)
-  again = ml_collections.ConfigDict(c.to_dict())
-  again.bases_from = str(tmp_path / "first")
+def test_bases_from_reruns_the_recipes_on_a_finished_runs_bases(finished_testbed, shrink_testbed, tmp_path):
+  # the finished run is the session's (conftest), only read here
+  first = json.loads((finished_testbed / "results.json").read_text())
+  again = finished_testbed_config(shrink_testbed)
+  again.bases_from = str(finished_testbed)
   rows = runner.run(again, str(tmp_path / "again"), progress=False)
   for name in ("best_params.npz", "metrics.jsonl"):  # taken whole, and not trained again
-    assert (tmp_path / "again" / "base" / name).read_bytes() == (tmp_path / "first" / "base" / name).read_bytes()
+    assert (tmp_path / "again" / "base" / name).read_bytes() == (finished_testbed / "base" / name).read_bytes()
   scores = lambda rs: {(r["role"], r["metric"]): r["values"] for r in rs if r["condition"] == "base"}
   assert scores(rows) == scores(first) and not (tmp_path / "again" / "base.tmp").exists()
   unfinished = ml_collections.ConfigDict(again.to_dict())

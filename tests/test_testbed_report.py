@@ -100,10 +100,16 @@ def test_results_file_and_render_of_the_new_fields(rows, tmp_path):
   assert "| task expert: goal (exact_match %) | – | 20.00 ± 10.00 (95% CI ± 24.84) (3 seeds) |" in text
 
 
-def test_collect_of_the_regime_map_keys_each_regime(rows, tmp_path):
+@pytest.mark.parametrize("recorded", ["today", "before c.kind"])
+def test_collect_of_the_regime_map_keys_each_regime(rows, tmp_path, recorded):
   w = tmp_path / "run"
   w.mkdir()
-  both = [{**r, "task": "arithmetic_regimes", "regime": i, "peak_lr": lr, "finetune_steps": 800,
+  # today the kind is in config.json and the rows carry the data task; runs of older code
+  # recorded the kind's former task in the rows and no kind
+  task = "arithmetic" if recorded == "today" else "arithmetic_regimes"
+  if recorded == "today":
+    (w / "config.json").write_text(json.dumps({"kind": "testbed.regimes", "task": "arithmetic"}))
+  both = [{**r, "task": task, "regime": i, "peak_lr": lr, "finetune_steps": 800,
            "task_expert_delta": d, "language_expert_delta": d / 2}
           for i, (lr, d) in enumerate(((3e-4, 0.01), (1e-3, 0.04))) for r in rows]
   (w / "results.json").write_text(json.dumps(both))

@@ -8,7 +8,7 @@ Adapters are their own pytree, keyed like the kernels they adapt, plus their sca
 
   {"scale": s, "block_0": {"attn": {"qkv": {"kernel": {"a": [r, in], "b": [out, r]}}, ...}, ...}}
 
-`in` / `out` flatten the kernel's input / output axes (xlt.paths's rows = output
+`in` / `out` flatten the kernel's input / output axes (xlt.param_paths's rows = output
 units), so a [D, 3, H, K] qkv kernel has in = D, out = 3HK, a [D, G, K] k kernel in = D,
 out = GK, and attn/proj's [H, K, D] in = HK. The adapted kernel is
 W + s * (b @ a) in the [out, in] view (`merge_into`), and the adapter forward adds
@@ -36,7 +36,7 @@ import numpy as np
 
 from xlt import model as model_lib
 from xlt.io import tensor_files
-from xlt.paths import XLT, path_names, path_str
+from xlt.param_paths import XLT, path_names, path_str
 
 KINDS = ("attn", "mlp")  # every kernel of these: attn/{qkv | q, k, v; proj}, mlp/{fc | gate, up; proj}
 
@@ -158,7 +158,7 @@ def apply(cfg: model_lib.Config, composite, tokens_BxT, cache=None, pos=0, dropo
     used.add(path)
     a, b = ab[path]
     x = args[0]
-    num_in = 2 if path[-3:-1] == ("attn", "proj") else 1  # xlt.paths.xlt_row_axes
+    num_in = 2 if path[-3:-1] == ("attn", "proj") else 1  # xlt.param_paths.xlt_row_axes
     lead = x.shape[:x.ndim - num_in]
     x_in = x.reshape(*lead, a.shape[1]).astype(dt)
     lr = (x_in @ a.T.astype(dt)) @ (s * b).T.astype(dt)

@@ -25,7 +25,7 @@ from xlt.data import sft
 from xlt.io import fileio
 from xlt.io import hf_dir as hf
 from xlt.merge import registry
-from xlt.paths import path_names
+from xlt.param_paths import path_names
 
 STATISTICS = {"regmean": "grams", "fisher": "fishers"}
 

@@ -23,11 +23,11 @@ import numpy as np
 
 from xlt import lora
 from xlt import model as model_lib
-from xlt.paths import XLT, path_names, path_str
+from xlt.param_paths import XLT, path_names, path_str
 
 
 def num_inputs(path, shape) -> int:
-  """How many of a kernel's leading axes are its inputs (xlt.paths rows: the others)."""
+  """How many of a kernel's leading axes are its inputs (xlt.param_paths rows: the others)."""
   return len(shape) - len(XLT.row_axes(path, tuple(shape)))
 
 

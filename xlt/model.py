@@ -8,7 +8,7 @@ Parameters are a plain nested dict whose paths name the block and the module kin
   wte, wpe, ln_f, lm_head,
   block_{i}/{ln_1, attn/{qkv, proj}, ln_2, mlp/{fc, proj}}
 
-so a parameter partition or a layer swap is a function of the path (`xlt.paths.path_info`).
+so a parameter partition or a layer swap is a function of the path (`xlt.param_paths.path_info`).
 (`wpe` exists only with `pos_embedding="learned"`; RoPE has no position parameters.) Other
 options add or replace leaves with the same vocabulary: attn/{q, k, v} (separate kernels
 when there are fewer key/value heads than query heads), attn/{q_norm, k_norm} (qk_norm),
@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from xlt import attention as attention_lib
 from xlt import layers
 from xlt import matmul
-from xlt import paths
+from xlt import param_paths
 from xlt.layers import DROPOUT_BITS, causal_attention, dropout, gelu, rope  # noqa: F401 (xlt.model's API)
 
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")
@@ -403,6 +403,6 @@ def count_params(params) -> int:
   return sum(x.size for x in jax.tree.leaves(params))
 
 
-# (block index or None, module kind) of a parameter path: the rule lives in xlt.paths, which
+# (block index or None, module kind) of a parameter path: the rule lives in xlt.param_paths, which
 # the model, the partitions and the merge library all read
-path_info = paths.path_info
+path_info = param_paths.path_info

@@ -2,7 +2,7 @@
 not only whole tensors, e.g. MAET's key neurons (Chen et al., eq. 1).
 
 A *mask tree* has the parameters' structure; each leaf is a bool (the whole tensor or
-none of it), a bool per row ([num_rows]: output units, `xlt.paths`'s rows) or a
+none of it), a bool per row ([num_rows]: output units, `xlt.param_paths`'s rows) or a
 bool per entry (the leaf's shape: any rows or columns). `expand` turns one into per-entry
 masks and rejects a leaf whose shape fits neither its tensor nor its rows.
 
@@ -27,7 +27,7 @@ import optax
 from xlt import model as model_lib
 from xlt.merge import core
 from xlt.merge.maet import key_rows
-from xlt.paths import XLT, Naming, path_names
+from xlt.param_paths import XLT, Naming, path_names
 
 MASK_KEY = "neuron_mask"
 

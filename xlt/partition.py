@@ -38,7 +38,7 @@ import optax
 
 from xlt import model as model_lib
 from xlt import train as train_lib
-from xlt.paths import path_names, path_str
+from xlt.param_paths import path_names, path_str
 
 KINDS = ("embedding", "attn", "mlp", "norm", "head")
 BLOCK_KINDS = ("attn", "mlp", "norm")

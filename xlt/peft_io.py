@@ -31,7 +31,7 @@ from xlt import pretrained
 from xlt.io import fileio
 from xlt.io import tensor_files as files
 from xlt.merge import lora_adapters
-from xlt.paths import XLT, path_names, path_str
+from xlt.param_paths import XLT, path_names, path_str
 
 CONFIG, WEIGHTS, PREFIX = lora_adapters.PEFT_CONFIG, lora_adapters.PEFT_WEIGHTS, lora_adapters.PEFT_PREFIX
 
@@ -50,7 +50,7 @@ class _Index:
 def module_maps(cfg: model_lib.Config, params, kernels, family: str | None = None) -> dict:
   """{xlt kernel path: [(Hugging Face module name, out rows, in columns)]}: module m's weight
   holds, at [j, k] of its [out, in] view, entry [out_rows[j], in_cols[k]] of the kernel's
-  xlt [out, in] view (xlt.paths rows: output units)."""
+  xlt [out, in] view (xlt.param_paths rows: output units)."""
   family = family or pretrained.guess_family(cfg)
   kernels = {tuple(k) for k in kernels}
   flat = {path_names(p): x for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}

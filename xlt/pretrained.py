@@ -32,7 +32,7 @@ import numpy as np
 
 from xlt import hf_sizes
 from xlt import model
-from xlt import paths
+from xlt import param_paths as paths
 from xlt import sharding
 from xlt.families import BY_NAME, Map, of_config, of_config_json
 from xlt.io import hf_dir

@@ -378,15 +378,25 @@ def _headline(measurements: list[dict]) -> str:
   return "; ".join(parts) + "."
 
 
-def declaration(task: str):
-  """The declaration (xlt.experiments.common.Kind) of the kind that runs `task`: its headline
-  metric and how its rows are read. Imported here, not at the top: render and check stay light."""
+def declaration(config):
+  """The declaration (xlt.experiments.common.Kind) of the kind that runs `config` (a config, a
+  recorded config.json, or a data task alone as rows record it): its headline metric and how
+  its rows are read. Imported here, not at the top: render and check stay light."""
   from xlt import experiments
 
   try:
-    return experiments.kind(task).KIND
+    return experiments.kind({"task": config} if isinstance(config, str) else config).KIND
   except ValueError as e:
     raise UserError(str(e)) from e
+
+
+def _declaration_of(workdir: str, rows: list[dict]):
+  """The declaration of the kind that ran `workdir`: from its config.json (which names the
+  kind), else from the task its rows record (a grid's points each hold their config)."""
+  path = os.path.join(workdir, "config.json")
+  if os.path.isfile(path):
+    return declaration(_read_json(path, "config.json"))
+  return declaration(rows[0]["task"])
 
 
 def collect(workdir: str, config: str, name: str, command: str | None = None, metric: str | None = None,
@@ -395,8 +405,8 @@ def collect(workdir: str, config: str, name: str, command: str | None = None, me
   """results/<name>.json from a finished workdir (see the module docstring); returns it."""
   rows, summaries = read_workdir(workdir)
   task = rows[0]["task"]
-  declared = declaration(task)
-  metric = metric or declared.tasks[task]
+  declared = _declaration_of(workdir, rows)
+  metric = metric or declared.tasks[declared.former().get(task, task)]
   if metric is None or not any(r["metric"] == metric for r in rows):
     raise UserError(f"{workdir}: no rows of metric {metric!r} (its metrics: {sorted({r['metric'] for r in rows})})")
   scale = 100 if metric in FRACTIONS else 1

@@ -1,10 +1,10 @@
 """The run of every experiment: `run(c, workdir)` claims or resumes the workdir, has the kind
-of `c.task` (xlt.experiments) prepare its data, trains its stages, has it test them, and
-writes the outputs that mark the workdir finished. main.py, grid.py, the tests, the notebooks
+`c.kind` names (xlt.experiments) prepare the data of `c.task`, trains its stages, has it test
+them, and writes the outputs that mark the workdir finished. main.py, grid.py, the tests, the notebooks
 and the benchmarks all start experiments here.
 
-A kind is a module of xlt.experiments that declares the tasks it runs (`KIND`, a common.Kind;
-xlt.experiments.kinds() finds it by that) and has three functions; the runner calls them in order
+A kind is a module of xlt.experiments that declares its name and the data tasks it runs
+(`KIND`, a common.Kind; xlt.experiments.kinds() finds it by that) and has three functions; the runner calls them in order
 and owns everything between them (the workdir, training and selection, timing, the files):
 
   prepare(c, workdir) -> prep
@@ -50,7 +50,8 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   the config describes (a test on one device). A run that fails before anything trained
   (a bad data file, a config the kind refuses) releases the workdir it claimed
   (`release_claim`), so the corrected command can use it."""
-  kind = experiments.kind(c.task)  # an unknown task fails before anything is written
+  c = experiments.with_kind(c)  # an unknown kind or task fails before anything is written
+  kind = experiments.kind(c)
   workdir = os.path.abspath(workdir)
   created = not os.path.exists(workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -172,6 +173,8 @@ def claim_workdir(c, workdir: str, kind=None) -> str:
   a config that only adds recipes ("added"): the finished stages are kept, the new ones
   trained, and the outputs written again (the finished mark, results.json, is removed first,
   then the new config recorded)."""
+  if "task" in c or "kind" in c:  # an experiment's: recorded with its kind written out
+    c = experiments.with_kind(c)
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     results_lib.atomic_write(path, json.dumps(_as_json(c), indent=1, sort_keys=True))

@@ -46,6 +46,7 @@ import optax
 
 from xlt import checkpoint as ckpt_lib
 from xlt import ensemble_decode
+from xlt import experiments
 from xlt import model as model_lib
 from xlt import report
 from xlt import results as results_lib
@@ -260,10 +261,10 @@ def load_run(workdir: str, stage: str):
   if not os.path.isfile(path):
     raise ValueError(f"{workdir} holds no config.json: not an xlt run")
   with open(path) as f:
-    c = ml_collections.ConfigDict(json.load(f))
-  if c.get("task") not in ("arithmetic", "arithmetic_regimes") or c.get("base_model"):
+    c = experiments.with_kind(ml_collections.ConfigDict(json.load(f)))  # older runs' too
+  if c.kind not in ("testbed", "testbed.regimes") or c.get("base_model"):
     raise ValueError(f"{workdir}: the structure measure reads testbed runs with xlt's own base "
-                     f"(task {c.get('task')!r}, base_model {c.get('base_model')!r})")
+                     f"(kind {c.kind!r}, base_model {c.get('base_model')!r})")
   prep = testbed.prepare(c, workdir)
   like = jax.eval_shape(lambda: model_lib.init_params(prep.cfg, jax.random.key(0)))
   n = len(prep.seeds)

@@ -28,7 +28,7 @@ from xlt import composite
 from xlt import ensemble as ensemble_lib
 from xlt import model as model_lib
 from xlt import sharding
-from xlt.paths import path_names
+from xlt.param_paths import path_names
 
 # {"step": int32[E], "params": tree, "opt_state": tree, "active": bool[E]}, and with dropout
 # "dropout_key": uint32[E, 2] (each member's key data)

@@ -1,4 +1,4 @@
-"""What an experiment kind declares of itself (`Kind`: the config tasks it runs, its headline
+"""What an experiment kind declares of itself (`Kind`: its name, the data tasks it runs, their headline
 metric, how xlt.report reads its rows), hands the runner (xlt.runner, whose docstring describes
 the interface): the ensembles it trains (`Stage`) and what the runner hands back (`Trained`);
 the seeds of a condition, which every kind plans its members with; and the helpers every kind
@@ -32,19 +32,32 @@ MEASUREMENTS = ("transfer", "testbed", "regimes")
 @dataclasses.dataclass(frozen=True)
 class Kind:
   """What a kind module declares as its module-level `KIND`, read by xlt.experiments (which
-  module runs a config's `task`) and xlt.report (the headline metric, how to read the rows).
+  module runs a config's `kind`) and xlt.report (the headline metric, how to read the rows).
 
-  `tasks`: {config task (`c.task`): its headline metric (a row's `metric`) in results/, or None
-  when the kind's results are not recorded there}. `measurements`: one of MEASUREMENTS."""
+  `name`: what a config's `c.kind` calls it. `tasks`: {data task (`c.task`) it runs: its
+  headline metric (a row's `metric`) in results/, or None when the kind's results are not
+  recorded there}. `measurements`: one of MEASUREMENTS. `former_tasks`: {the value `c.task` had
+  when it also chose the kind (config.json files written before `c.kind` existed): the data
+  task it meant}; None = the tasks themselves."""
 
+  name: str
   tasks: dict[str, str | None]
   measurements: str = "transfer"
+  former_tasks: dict[str, str] | None = None
 
   def __post_init__(self):
+    if not self.name:
+      raise ValueError("a kind has a name (what c.kind calls it)")
     if not self.tasks:
-      raise ValueError("a kind runs at least one task")
+      raise ValueError(f"kind {self.name!r} runs at least one task")
     if self.measurements not in MEASUREMENTS:
       raise ValueError(f"measurements {self.measurements!r}: one of {MEASUREMENTS}")
+    if bad := sorted(set((self.former_tasks or {}).values()) - set(self.tasks)):
+      raise ValueError(f"kind {self.name!r}: former tasks mean {bad}, which it does not run")
+
+  def former(self) -> dict[str, str]:
+    """{former c.task value: the data task it meant}."""
+    return dict(self.former_tasks) if self.former_tasks is not None else {t: t for t in self.tasks}
 
 
 # val_score(stacked params of the members `ids`, ids) -> one score per member, higher is better
@@ -90,14 +103,23 @@ class Trained:
 def config_changes(recorded: dict, c) -> dict[str, tuple[Any, Any]]:
   """{dotted field: (recorded value, value in `c`)} for every field on which `c` differs from a
   recorded config.json, "<unset>" on the side that lacks it. `c` goes through JSON as
-  config.json did, so a tuple equals its recorded list."""
-  old = traverse_util.flatten_dict(recorded, sep=".")
-  new = traverse_util.flatten_dict(json.loads(json.dumps(c.to_dict(), default=repr)), sep=".")
+  config.json did, so a tuple equals its recorded list. Both are read with their kind written
+  out (xlt.experiments.with_kind): a config.json of older code, whose task chose the kind,
+  equals today's config of the same experiment."""
+  old = traverse_util.flatten_dict(_kind_written_out(recorded), sep=".")
+  new = traverse_util.flatten_dict(_kind_written_out(json.loads(json.dumps(c.to_dict(), default=repr))), sep=".")
   return {k: (old.get(k, UNSET), new.get(k, UNSET)) for k in old.keys() | new.keys()
           if old.get(k, UNSET) != new.get(k, UNSET)}
 
 
 UNSET = "<unset>"
+
+
+def _kind_written_out(config: dict) -> dict:
+  """An experiment's config with its kind written out; another dict (a part of one) as it is."""
+  from xlt import experiments  # the package finds the kinds, which import this module
+
+  return experiments.with_kind(config) if "task" in config or "kind" in config else config
 
 
 def condition_seeds(c, cond: str) -> list[int]:

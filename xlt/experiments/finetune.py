@@ -54,8 +54,8 @@ from xlt.experiments import recipes as recipe_lib
 from xlt.experiments.recipes import ALL, Recipe
 from xlt.experiments.testbed import peft as testbed_peft
 
-# what this kind runs: its config task (no headline metric: its results are not recorded in results/)
-KIND = kind_lib.Kind(tasks={"finetune": None})
+# what this kind is called (c.kind) and runs: its data task (no headline metric: its results are not recorded in results/)
+KIND = kind_lib.Kind(name="finetune", tasks={"finetune": None})
 
 DATASETS = ("task", "language")
 # the merge registry's inputs the experiment has: the two full experts and the base

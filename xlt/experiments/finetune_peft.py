@@ -53,7 +53,7 @@ def check(c, num_layers: int, partitions: list[str]):
     for b, u, t in recipe_lib.swaps(c.lora.swaps, "lora.swaps"):
       merge.swap_plan(num_layers, b, u, t, t)
   if c.neurons.enabled:
-    merge.core.check_range("neurons.key_ratio", c.neurons.key_ratio, 0.0, 1.0, low_open=True)
+    merge.check_range("neurons.key_ratio", c.neurons.key_ratio, 0.0, 1.0, low_open=True)
     if not c.neurons.experts or any(d not in DATASETS for d in c.neurons.experts):
       raise ValueError(f"neurons.experts must name datasets among {list(DATASETS)}, got {list(c.neurons.experts)}")
 

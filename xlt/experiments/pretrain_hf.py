@@ -48,8 +48,8 @@ from xlt.data import addition, arithmetic, sft
 from xlt.experiments import common as kind_lib
 from xlt.io import fileio
 
-# what this kind runs: its config task (no headline metric: its results are not recorded in results/)
-KIND = kind_lib.Kind(tasks={"pretrain_hf": None})
+# what this kind is called (c.kind) and runs: its data task (no headline metric: its results are not recorded in results/)
+KIND = kind_lib.Kind(name="pretrain_hf", tasks={"pretrain_hf": None})
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)

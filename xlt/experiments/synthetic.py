@@ -28,8 +28,8 @@ from xlt import results as results_lib
 from xlt.data import addition, common, graph
 from xlt.experiments import common as kind_lib
 
-# what this kind runs (config tasks, each with its headline metric) and how xlt.report reads its rows
-KIND = kind_lib.Kind(tasks={"graph": "valid", "addition": "exact_match"}, measurements="transfer")
+# what this kind is called (c.kind) and runs (data tasks, each with its headline metric) and how xlt.report reads its rows
+KIND = kind_lib.Kind(name="synthetic", tasks={"graph": "valid", "addition": "exact_match"}, measurements="transfer")
 
 TASKS = {"graph": graph, "addition": addition}
 CONDITIONS = ("target_alone", "source_alone", "mixed")

@@ -66,8 +66,8 @@ from xlt.data import packing
 from xlt.data import spm_tokenizer
 from xlt.experiments import common as kind_lib
 
-# what this kind runs (config tasks, each with its headline metric) and how xlt.report reads its rows
-KIND = kind_lib.Kind(tasks={"text": "ppl_token"}, measurements="transfer")
+# what this kind is called (c.kind) and runs (data tasks, each with its headline metric) and how xlt.report reads its rows
+KIND = kind_lib.Kind(name="text", tasks={"text": "ppl_token"}, measurements="transfer")
 
 CONDITIONS = ("high_only", "low_limited", "low_full", "mixed")
 ROLES = ("high", "low")

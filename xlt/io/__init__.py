@@ -6,6 +6,6 @@
   hf_dir.py       Hugging Face model directories (config, tokenizer, shards, index, card)
   config_files.py where configs/ is: beside the package in a checkout, inside it in a wheel
 
-It imports nothing of xlt but the parameter-path vocabulary (xlt.paths), and no merge or
+It imports nothing of xlt but the parameter-path vocabulary (xlt.param_paths), and no merge or
 training module (tests/test_layout.py), so that both sides can stand on it.
 """

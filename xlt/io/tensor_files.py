@@ -22,7 +22,7 @@ import struct
 import jax
 import numpy as np
 
-from xlt import paths as naming_lib
+from xlt import param_paths as naming_lib
 from xlt.io import fileio
 
 try:  # bfloat16 as numpy knows it (a jax dependency)

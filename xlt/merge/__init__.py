@@ -28,7 +28,7 @@ Face names, `from_rule(path -> (block, kind))` for any other); every merge takes
   lora_adapters.py LoRA adapters merged into one (concatenation, SVD)
   tool.py     merges of checkpoint files into a model directory (`python -m xlt.merge`)
   analysis.py per-block share of changed rows, heatmap
-(xlt/paths.py: paths -> (block, kind) and the rows (neurons) of each tensor: XLT, HF, from_rule;
+(xlt/param_paths.py: paths -> (block, kind) and the rows (neurons) of each tensor: XLT, HF, from_rule;
 xlt/io/: safetensors files, Hugging Face model directories, atomic writes.)
 
 Any method by name: `merge.merge("ties", {"base": b, "experts": [t, l]}, {"density": 0.2})`;
@@ -37,17 +37,17 @@ Any method by name: `merge.merge("ties", {"base": b, "experts": [t, l]}, {"densi
 
 from xlt.merge.analysis import default_threshold, plot_row_change, row_change
 from xlt.merge.combine import dare, magmax, magnitude_weights, soup, sparsify_rows, task_arithmetic, ties
-from xlt.merge.core import check_compatible, delta, mean_abs_rows
+from xlt.merge.core import check_compatible, check_range, delta, mean_abs_rows
 from xlt.merge.maet import maet
 from xlt.io.tensor_files import load, save
 from xlt.merge.tool import merge_files
 from xlt.merge import registry
 from xlt.merge.registry import METHODS, Method, describe, merge
-from xlt.paths import HF, XLT, Naming, from_rule, naming_for, path_names, path_str
+from xlt.param_paths import HF, XLT, Naming, from_rule, naming_for, path_names, path_str
 from xlt.merge.swap import layer_swap, swap_plan
 
 __all__ = [
-    "HF", "METHODS", "Method", "XLT", "Naming", "check_compatible", "dare", "default_threshold",
+    "HF", "METHODS", "Method", "XLT", "Naming", "check_compatible", "check_range", "dare", "default_threshold",
     "delta", "describe", "from_rule", "layer_swap", "load", "maet", "magmax", "magnitude_weights",
     "mean_abs_rows", "merge", "merge_files", "naming_for", "path_names", "path_str",
     "plot_row_change", "registry", "row_change", "save", "soup", "sparsify_rows", "swap_plan",

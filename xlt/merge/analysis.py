@@ -12,7 +12,7 @@ import numpy as np
 
 from xlt.io import fileio
 from xlt.merge import core
-from xlt.paths import XLT, Naming, path_str
+from xlt.param_paths import XLT, Naming, path_str
 
 _KIND_ORDER = ("attn", "mlp", "norm")  # the paper's columns: attention left, MLP right
 _NON_BLOCK_ORDER = ("embedding", "head")  # input end first, drawn at the bottom

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from xlt.merge import core, declare
-from xlt.paths import XLT, Naming, path_str
+from xlt.param_paths import XLT, Naming, path_str
 
 LAYER_SWAPPING = "Bandarkar et al. 2024, Layer Swapping for Zero-Shot Cross-Lingual Transfer in Large Language Models"
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from xlt.paths import XLT, Naming, Path, path_names, path_str
+from xlt.param_paths import XLT, Naming, Path, path_names, path_str
 
 
 def dtype_of(x) -> np.dtype:

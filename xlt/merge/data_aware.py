@@ -6,7 +6,7 @@ checks both by hand and against fusion-bench's merging functions.
 
   grams    one {kernel path ("block_0/attn/q/kernel", or a tuple of names): G} per expert, G the
            mean Gram matrix X^T X / tokens of the inputs X that kernel saw, [in, in] in the order
-           of the kernel's input axes flattened (xlt.paths rows: the rest of the axes)
+           of the kernel's input axes flattened (xlt.param_paths rows: the rest of the axes)
   fishers  one tree per expert with the experts' structure: the diagonal (empirical) Fisher of
            each parameter, the mean squared per-example gradient of the loss
 """
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from xlt.merge import core, declare
-from xlt.paths import XLT, Naming, path_str
+from xlt.param_paths import XLT, Naming, path_str
 
 _REGMEAN = "Jin et al. 2023, Dataless Knowledge Fusion by Merging Weights of Language Models (RegMean)"
 _FISHER = "Matena & Raffel 2022, Merging Models with Fisher-Weighted Averaging"

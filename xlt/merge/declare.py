@@ -28,7 +28,7 @@ import re
 from typing import Any, Callable
 
 from xlt.merge import core
-from xlt.paths import XLT
+from xlt.param_paths import XLT
 
 REQUIRED = inspect.Parameter.empty  # the default of an option that has none
 

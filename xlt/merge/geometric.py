@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from xlt.merge import core, declare
-from xlt.paths import XLT, Naming
+from xlt.param_paths import XLT, Naming
 
 _MERGEKIT = "Goddard et al. 2024, Arcee's MergeKit: A Toolkit for Merging Large Language Models"
 _MULTISLERP = "Goddard, Multi-SLERP (blog post: goddard.blog/posts/multislerp-wow-what-a-cool-idea; mergekit's source)"

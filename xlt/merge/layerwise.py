@@ -16,7 +16,7 @@ soups) take per-layer values only where they implement them themselves.
 from __future__ import annotations
 
 
-from xlt import paths as naming_lib
+from xlt import param_paths as naming_lib
 from xlt.merge import core
 from xlt.merge.declare import filtered, per_layer_options  # noqa: F401 (callers read it here too)
 from xlt.merge.geometric import per_block

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from xlt.merge import core, declare
-from xlt.paths import XLT, Naming
+from xlt.param_paths import XLT, Naming
 
 _TALL = ("Wang et al. 2024, Localizing Task Information for Improved Model Merging and Compression (TALL masks, "
          "Consensus merging)")

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from xlt.merge import core
-from xlt.paths import path_names, path_str
+from xlt.param_paths import path_names, path_str
 
 
 def factors(adapters) -> dict:

@@ -46,7 +46,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from xlt.merge import core, declare
-from xlt.paths import XLT, Naming, path_str
+from xlt.param_paths import XLT, Naming, path_str
 
 SIMILARITIES = ("cosine", "dot")
 

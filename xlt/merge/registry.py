@@ -18,7 +18,7 @@ inputs and never ask which block it is in or where its rows are, so they merge a
 by name (GPT-J's lm_head.bias, GPT-NeoX, Falcon, Bloom, OPT). A *layer-aware* method
 (`Method.layer_aware`: layer_swap, sparsify_rows, maet, della's per-row ranks, arcee_fusion's
 row softmax; slerp/nearswap with per-block t, nuslerp/model_stock row-wise, any neuron mask)
-needs a naming rule (xlt.paths): "hf", "xlt" or a block prefix pattern such as
+needs a naming rule (xlt.param_paths): "hf", "xlt" or a block prefix pattern such as
 "gpt_neox.layers.{i}." (`paths.from_pattern`). `naming_for_method` picks it.
 """
 
@@ -29,7 +29,7 @@ import numbers
 
 import numpy as np
 
-from xlt import paths as naming_lib
+from xlt import param_paths as naming_lib
 from xlt.merge import core, declare, layerwise
 # every module that declares methods (xlt.merge.declare), imported for its declarations
 from xlt.merge import combine, data_aware, geometric, localize, maet, selective, sparse, subspace, swap  # noqa: F401

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from xlt.merge import core, declare
-from xlt.paths import XLT, Naming
+from xlt.param_paths import XLT, Naming
 
 _RAM = "Yuan et al. 2026, Behavior Knowledge Merge in Reinforced Agentic Models"
 

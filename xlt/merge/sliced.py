@@ -14,7 +14,7 @@ planner gives them: the options reach the method as values by tensor name
 from __future__ import annotations
 
 
-from xlt import paths as naming_lib
+from xlt import param_paths as naming_lib
 from xlt.io import hf_dir as hf
 from xlt.merge import registry, stack, tool
 

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from xlt.merge import combine, core, declare
-from xlt.paths import XLT, Naming
+from xlt.param_paths import XLT, Naming
 
 _YU = "Yu et al. 2024, DARE: Language Models are Super Mario: Absorbing Abilities from Homologous Models as a Free Lunch"
 _YADAV = "Yadav et al. 2023, TIES-Merging: Resolving Interference When Merging Models"

@@ -20,7 +20,7 @@ import re
 
 import numpy as np
 
-from xlt import paths as naming_lib
+from xlt import param_paths as naming_lib
 from xlt.io import fileio, tensor_files
 from xlt.io import hf_dir as hf
 from xlt.merge import tool

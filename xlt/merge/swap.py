@@ -18,7 +18,7 @@ the blocks (embeddings, final norm, output layer) work best as averages of the e
 from __future__ import annotations
 
 from xlt.merge import combine, core, declare
-from xlt.paths import XLT, Naming
+from xlt.param_paths import XLT, Naming
 
 NON_BLOCK_RULES = ("average", "task", "language")
 

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from xlt import paths as naming_lib
+from xlt import param_paths as naming_lib
 from xlt.io import hf_dir as hf
 from xlt.io.tensor_files import load
 from xlt.merge import analysis, lora_adapters, registry

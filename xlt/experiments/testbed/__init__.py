@@ -1,9 +1,9 @@
 """The merge testbed (docs/testbed.md): a base trained on arithmetic in two scripts, experts
 fine-tuned from it, their merges, and the scores of every model. Two kinds, each declaring its
-task (xlt.experiments finds them):
+name and task, the arithmetic data (xlt.experiments finds them):
 
-  experiment      c.task "arithmetic" (configs/merge*.py): base -> experts -> merges -> scores
-  regimes         c.task "arithmetic_regimes" (configs/merge_regimes.py): the same per fine-tuning
+  experiment      c.kind "testbed" (configs/merge*.py): base -> experts -> merges -> scores
+  regimes         c.kind "testbed.regimes" (configs/merge_regimes.py): the same per fine-tuning
                   regime (learning rate x steps) from one base, the regime map
 
 and what they are built of:

@@ -54,8 +54,8 @@ from xlt.experiments.testbed import plan as testbed_plan
 from xlt.experiments.testbed import report as testbed_report
 from xlt.experiments.testbed import text as testbed_text
 
-# what this kind runs (config tasks, each with its headline metric) and how xlt.report reads its rows
-KIND = kind_lib.Kind(tasks={"arithmetic": "exact_match"}, measurements="testbed")
+# what this kind is called (c.kind) and runs (data tasks, each with its headline metric) and how xlt.report reads its rows
+KIND = kind_lib.Kind(name="testbed", tasks={"arithmetic": "exact_match"}, measurements="testbed")
 
 # the merge registry's inputs the testbed has (compose fills each): checked before training
 MERGE_INPUTS = ("task_expert", "language_expert", "experts", "base", "ability_model", "source_language_model",

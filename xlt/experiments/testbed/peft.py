@@ -49,7 +49,7 @@ def check(c, num_layers: int):
     if int(c.lora.rank) < 1:
       raise ValueError(f"lora.rank must be positive, got {c.lora.rank}")
   if c.get("maet_neurons") and c.maet_neurons.enabled:
-    merge.core.check_range("maet_neurons.key_ratio", c.maet_neurons.key_ratio, 0.0, 1.0, low_open=True)
+    merge.check_range("maet_neurons.key_ratio", c.maet_neurons.key_ratio, 0.0, 1.0, low_open=True)
 
 
 def plain(stacked):

@@ -1,4 +1,4 @@
-"""The merge testbed's regime map (c.task "arithmetic_regimes", configs/merge_regimes.py): every
+"""The merge testbed's regime map (c.kind "testbed.regimes", configs/merge_regimes.py): every
 recipe's goal score as a function of how far fine-tuning moved the experts from the base.
 
   python -m xlt.main --config=configs/merge_regimes.py --workdir=runs/merge_regimes
@@ -46,8 +46,9 @@ from xlt.experiments.testbed import experiment as testbed
 from xlt.experiments.testbed import regimes_report as testbed_regimes_report
 from xlt.experiments.testbed import report as testbed_report
 
-# what this kind runs (config tasks, each with its headline metric) and how xlt.report reads its rows
-KIND = kind_lib.Kind(tasks={"arithmetic_regimes": "exact_match"}, measurements="regimes")
+# what this kind is called (c.kind) and runs (data tasks, each with its headline metric) and how xlt.report reads its rows
+KIND = kind_lib.Kind(name="testbed.regimes", tasks={"arithmetic": "exact_match"}, measurements="regimes",
+                      former_tasks={"arithmetic_regimes": "arithmetic"})
 
 EXPERTS = ("task expert", "language expert")
 
