@@ -2,8 +2,9 @@
 eager and, as a second peer, with the static cache and torch.compile, in new tokens/s at
 batch 1, 8 and 64 on the CPU.
 
-  /work/venvs/lmeval_xlt/bin/python benchmarks/decode_speed.py --out=results/benchmarks/decode_speed.json
-  /work/venvs/lmeval_xlt/bin/python benchmarks/decode_speed.py --quick       # smoke test: 1 round, batch 1 and 8
+  python benchmarks/decode_speed.py --out=results/benchmarks/decode_speed.json
+  python benchmarks/decode_speed.py --quick       # smoke test: 1 round, batch 1 and 8, 16 new tokens
+  python benchmarks/decode_speed.py --peers=eager   # no torch.compile peer (it compiles for minutes)
 
 Runs where xlt, torch and transformers are installed together (a venv: see
 tests/fixtures/make_lm_eval_fixtures.py). All three read the same files: a seeded random
@@ -153,23 +154,26 @@ def run_child(tool: str, a, model: str, tmp: str) -> dict:
 
 def summary(rounds: list[dict], a) -> tuple[list[str], list[list]]:
   """The schema's columns and rows: per batch, each tool's median new tokens/s over rounds, the
-  median of the rounds' xlt / peer ratios, and the share of each peer's new tokens equal to xlt's."""
+  median of the rounds' xlt / peer ratios, and the share of each peer's new tokens equal to
+  xlt's (None for a peer left out by --peers)."""
   columns = ["batch", "xlt tok/s", "eager tok/s", "xlt / eager", "compiled tok/s", "xlt / compiled",
              "same tokens eager", "same tokens compiled", "xlt first call s", "compiled first call s"]
   rows = []
   for b in a.batches.split(","):
-    per_s = {t: [int(b) * a.new / r[t]["batches"][b]["s"] for r in rounds] for t in TOOLS}
-    ratio = {t: statistics.median(x / y for x, y in zip(per_s["xlt"], per_s[t])) for t in TOOLS[1:]}
+    per_s = {t: [int(b) * a.new / r[t]["batches"][b]["s"] for r in rounds] for t in TOOLS if t in rounds[0]}
     mine = [t for row in rounds[0]["xlt"]["batches"][b]["ids"] for t in row]
-    same = {}
-    for t in TOOLS[1:]:
+    rate, ratio, same = {}, {}, {}
+    for t in TOOLS:
+      if t not in per_s:
+        rate[t] = ratio[t] = same[t] = None
+        continue
+      rate[t] = round(statistics.median(per_s[t]), 1)
+      ratio[t] = round(statistics.median(x / y for x, y in zip(per_s["xlt"], per_s[t])), 2)
       theirs = [t_ for row in rounds[0][t]["batches"][b]["ids"] for t_ in row]
-      same[t] = sum(x == y for x, y in zip(mine, theirs)) / len(mine)
-    rows.append([int(b), round(statistics.median(per_s["xlt"]), 1), round(statistics.median(per_s["eager"]), 1),
-                 round(ratio["eager"], 2), round(statistics.median(per_s["compiled"]), 1), round(ratio["compiled"], 2),
-                 round(same["eager"], 3), round(same["compiled"], 3),
-                 round(rounds[0]["xlt"]["batches"][b]["first_s"], 1),
-                 round(rounds[0]["compiled"]["batches"][b]["first_s"], 1)])
+      same[t] = round(sum(x == y for x, y in zip(mine, theirs)) / len(mine), 3)
+    first = {t: round(rounds[0][t]["batches"][b]["first_s"], 1) if t in per_s else None for t in TOOLS}
+    rows.append([int(b), rate["xlt"], rate["eager"], ratio["eager"], rate["compiled"], ratio["compiled"],
+                 same["eager"], same["compiled"], first["xlt"], first["compiled"]])
   return columns, rows
 
 
@@ -181,10 +185,13 @@ def main(a) -> None:
     a.rounds, a.batches, a.reps, a.new = 1, "1,8", 1, 16
   model = os.path.join(a.workdir, a.shape)
   write_checkpoint(model, SHAPES[a.shape], SEED)
+  tools = ["xlt"] + [t for t in a.peers.split(",") if t]
+  if any(t not in TOOLS[1:] for t in tools[1:]):
+    sys.exit(f"--peers: each one of {', '.join(TOOLS[1:])}")
   rounds = []
   with tempfile.TemporaryDirectory() as tmp:
     for r in range(a.rounds):
-      order = TOOLS[r % 3:] + TOOLS[:r % 3]  # who goes first rotates by round
+      order = tools[r % len(tools):] + tools[:r % len(tools)]  # who goes first rotates by round
       print(f"round {r + 1}: {', '.join(order)}", file=sys.stderr, flush=True)
       rounds.append({tool: run_child(tool, a, model, tmp) for tool in order})
   columns, rows = summary(rounds, a)
@@ -196,7 +203,7 @@ def main(a) -> None:
   if a.out:
     from xlt.io import fileio
 
-    versions = {**rounds[0]["xlt"]["versions"], **rounds[0]["eager"]["versions"]}
+    versions = {k: v for r in rounds[0].values() for k, v in r["versions"].items()}
     record = {"benchmark": os.path.splitext(os.path.basename(a.out))[0],
               "title": f"Greedy decoding of a loaded Llama ({a.shape}), new tokens/s",
               "command": "python benchmarks/decode_speed.py " + " ".join(sys.argv[1:]),
@@ -204,8 +211,8 @@ def main(a) -> None:
                   timespec="seconds"), "wall_s": round(time.perf_counter() - t_start, 1),
               "machine": report.machine(), "versions": versions, "columns": columns, "rows": rows,
               "shape": SHAPES[a.shape], "prompt": a.prompt, "new": a.new, "rounds": a.rounds, "reps": a.reps,
-              "torch_threads": rounds[0]["eager"]["threads"],
-              "round_seconds": [{t: {b: r[t]["batches"][b]["times"] for b in r[t]["batches"]} for t in TOOLS}
+              "torch_threads": next((r["threads"] for r in rounds[0].values() if "threads" in r), None),
+              "round_seconds": [{t: {b: r[t]["batches"][b]["times"] for b in r[t]["batches"]} for t in tools}
                                 for r in rounds]}
     if a.notes:
       record["notes"] = a.notes
@@ -221,6 +228,7 @@ if __name__ == "__main__":
   p.add_argument("--new", type=int, default=64, help="new tokens per row")
   p.add_argument("--reps", type=int, default=3, help="timed calls per batch after the first")
   p.add_argument("--rounds", type=int, default=3, help="fresh subprocesses per tool")
+  p.add_argument("--peers", default="eager,compiled", help="which of eager,compiled to run (comma-separated)")
   p.add_argument("--out", default="", help="write the results file here")
   p.add_argument("--notes", default="", help="a caveat for the results file (e.g. 'taken on a busy machine')")
   p.add_argument("--quick", action="store_true", help="1 round, batch 1 and 8, 16 new tokens: a smoke test")
