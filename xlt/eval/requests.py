@@ -33,8 +33,8 @@ from xlt import model as model_lib
 from xlt import sharding
 
 LENGTH_BUCKET = 16
-# A scoring batch's logits are all computed (every position may be a target); rows are cut to
-# keep them under this per device (a 128k vocabulary: 4 rows of 2048 tokens)
+# A scoring batch's windows' float32 logits and KV caches stay under this per device: its rows
+# are cut to fit (`_window_rows`; a rolling window is as long as the context)
 LOGITS_BYTES = 4 << 30
 
 
