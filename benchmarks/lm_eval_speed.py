@@ -1,25 +1,30 @@
 """xlt's lm-eval backend against lm-eval's own `hf` backend (torch + transformers) on the same
 small model and requests: loglikelihood requests/s and generate_until new tokens/s.
 
-  python benchmarks/lm_eval_speed.py --workdir=runs/lm_eval_speed --out=runs/lm_eval_speed.json
+  python benchmarks/lm_eval_speed.py --workdir=runs/lm_eval_speed --out=results/benchmarks/lm_eval_speed.json
   python benchmarks/lm_eval_speed.py --smoke          # tiny sizes: checks the script runs
 
 Runs where xlt, lm-eval, torch and transformers are all installed (a venv: see
 tests/fixtures/make_lm_eval_fixtures.py). It writes a Llama-shaped float32 model with
 transformers' own `save_pretrained` from a seeded random init (--hidden, --layers, 4 heads,
 2 key/value heads, MLP 2.75 x hidden, context --context) with a word-level tokenizer of
---vocab made-up words, so the hf backend and xlt's read the same files. Requests: --ll
-loglikelihood requests (contexts of 16 to --ctx words, continuations of 1 to 4 words) and
---gen generate_until requests (contexts of 8 to 32 words, until a word that does not occur,
-max_gen_toks --new), the same for both backends; tokens/s counts the tokens written (a row
-ends early where the random model writes EOS).
+--vocab made-up words, so the hf backend and xlt's read the same files. Requests, the same
+for both backends: --ll loglikelihood requests of their own context each (contexts of 16 to
+--ctx words, continuations of 1 to 4 words); --mc multiple-choice questions, a context with 4
+such continuations (arc, hellaswag and m_mmlu ask this way: lm-eval's hf backend reuses one
+context's logits only where every continuation is one token); --gen generate_until requests
+(contexts of 8 to 32 words, until a word that does not occur, max_gen_toks --new), where
+tokens/s counts the tokens written (a row ends early where the random model writes EOS).
 
-Each backend answers every request once as a warm-up (xlt compiles its programs then; timed
-apart as "first s"), then --rounds more times; the figure is the median round. Both use batch
---batch. xlt runs on the default device (the CPU's cores as one device), hf on torch's CPU
-threads. The answers are compared (loglikelihoods to 1e-4, generations exactly). Prints a
-markdown table and writes the measurements to --out. Timings on a shared machine vary by tens
-of percent between runs: compare the two within one run.
+Each backend answers each kind of request once as a warm-up (xlt compiles its programs then;
+timed apart as "first call s"), then --rounds more times, the two backends alternating (which
+goes first flips by round); a rate is the median round, a ratio the median of the rounds'
+paired ratios. Both use batch --batch. xlt runs on the default device (the CPU's cores as one
+device), hf on torch's CPU threads. The answers are compared (loglikelihoods to 1e-4,
+generations exactly). Prints a markdown table and writes the results file (results/benchmarks
+schema: columns, rows, command, commit, machine) to --out. Timings on a shared machine vary by
+tens of percent between runs, and torch's threads lose more than XLA's when other processes
+keep the cores busy: compare the two within one run, on a quiet machine.
 """
 
 from __future__ import annotations
@@ -59,37 +64,68 @@ def write_model(out: str, *, vocab: int, hidden: int, layers: int, context: int)
 
 
 def make_requests(args):
+  """(independent loglikelihood requests, multiple-choice ones: --mc contexts with 4 choices
+  each, generate_until requests), the same for both backends."""
   from lm_eval.api.instance import Instance
 
   rng = random.Random(0)
   words = lambda n: " ".join(f"w{rng.randrange(10, args.vocab - 4)}" for _ in range(n))
   ll = [Instance("loglikelihood", {}, (words(rng.randrange(16, args.ctx)), " " + words(rng.randrange(1, 5))), i)
         for i in range(args.ll)]
+  mc = []
+  for _ in range(args.mc):
+    context = words(rng.randrange(16, args.ctx))
+    mc += [Instance("loglikelihood", {}, (context, " " + words(rng.randrange(1, 5))), len(mc)) for _ in range(4)]
   gen = [Instance("generate_until", {}, (words(rng.randrange(8, 33)),
                                          {"until": ["w0 w0 w0"], "max_gen_toks": args.new, "do_sample": False}), i)
          for i in range(args.gen)]
-  return ll, gen
+  return ll, mc, gen
 
 
-def timed(fn, rounds: int) -> tuple[float, list[float], object]:
+KINDS = ("ll", "mc", "gen")
+
+
+def run_kind(lm, kind: str, requests) -> tuple[float, list]:
   t = time.perf_counter()
-  answers = fn()
-  first = time.perf_counter() - t
-  times = []
-  for _ in range(rounds):
-    t = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t)
-  return first, times, answers
+  if kind == "gen":
+    answers = lm.generate_until(requests, disable_tqdm=True)
+  else:
+    answers = [x[0] for x in lm.loglikelihood(requests, disable_tqdm=True)]
+  return time.perf_counter() - t, answers
 
 
-def measure(name: str, lm, ll, gen, args) -> dict:
-  f_ll, t_ll, a_ll = timed(lambda: lm.loglikelihood(ll, disable_tqdm=True), args.rounds)
-  f_gen, t_gen, a_gen = timed(lambda: lm.generate_until(gen, disable_tqdm=True), args.rounds)
-  new_tokens = sum(len(text.split()) for text in a_gen)  # word-level tokenizer: a word is a token
-  return {"backend": name, "ll_first_s": f_ll, "ll_s": t_ll, "ll_per_s": len(ll) / statistics.median(t_ll),
-          "gen_first_s": f_gen, "gen_s": t_gen, "gen_tokens_per_s": new_tokens / statistics.median(t_gen),
-          "loglikelihoods": [x[0] for x in a_ll], "generations": a_gen}
+def measure(lms: dict, requests: dict, rounds: int) -> dict:
+  """Per backend and request kind: the first call's seconds (xlt compiles then), each round's
+  seconds (the backends alternate, which goes first by round), the answers."""
+  out = {name: {} for name in lms}
+  for kind in KINDS:
+    for name, lm in lms.items():
+      first, answers = run_kind(lm, kind, requests[kind])
+      out[name][kind] = {"first_s": first, "s": [], "answers": answers}
+    for r in range(rounds):
+      for name in (list(lms) if r % 2 == 0 else list(lms)[::-1]):
+        out[name][kind]["s"].append(run_kind(lms[name], kind, requests[kind])[0])
+  return out
+
+
+def summary(m: dict, requests: dict) -> tuple[list[str], list[list]]:
+  """The schema's columns and rows: per request kind, each backend's rate (median round) and
+  their ratio (the median of the rounds' ratios, each pair measured back to back)."""
+  columns = ["requests", "unit", "xlt", "hf", "xlt / hf", "xlt first call s", "hf first call s"]
+  titles = {"ll": "loglikelihood, one context each", "mc": "loglikelihood, 4 choices per context",
+            "gen": "generate_until"}
+  rows = []
+  for kind in KINDS:
+    if kind == "gen":  # word-level tokenizer: a word is a token
+      count, unit = sum(len(text.split()) for text in m["xlt"]["gen"]["answers"]), "new tokens/s"
+    else:
+      count, unit = len(requests[kind]), "requests/s"
+    rate = {name: [count / t for t in m[name][kind]["s"]] for name in m}
+    ratio = statistics.median(x / h for x, h in zip(rate["xlt"], rate["hf"]))
+    rows.append([f"{titles[kind]} ({len(requests[kind])})", unit, round(statistics.median(rate["xlt"]), 1),
+                 round(statistics.median(rate["hf"]), 1), round(ratio, 2), round(m["xlt"][kind]["first_s"], 1),
+                 round(m["hf"][kind]["first_s"], 1)])
+  return columns, rows
 
 
 def main():
@@ -100,47 +136,62 @@ def main():
   p.add_argument("--hidden", type=int, default=256)
   p.add_argument("--layers", type=int, default=4)
   p.add_argument("--context", type=int, default=512)
-  p.add_argument("--ll", type=int, default=256, help="loglikelihood requests")
+  p.add_argument("--ll", type=int, default=256, help="loglikelihood requests, one context each")
+  p.add_argument("--mc", type=int, default=64, help="multiple-choice contexts (4 loglikelihood requests each)")
   p.add_argument("--ctx", type=int, default=200, help="longest loglikelihood context, in words")
   p.add_argument("--gen", type=int, default=32, help="generate_until requests")
   p.add_argument("--new", type=int, default=64, help="max_gen_toks")
   p.add_argument("--batch", type=int, default=32)
   p.add_argument("--rounds", type=int, default=3)
+  p.add_argument("--notes", default="", help="a caveat for the results file (e.g. 'taken on a busy machine')")
   p.add_argument("--smoke", action="store_true", help="tiny sizes, one round")
   args = p.parse_args()
+  t_start = time.perf_counter()
   if args.smoke:
-    args.vocab, args.hidden, args.layers, args.context, args.ll, args.ctx, args.gen, args.new, args.rounds = (
-        256, 64, 2, 128, 16, 40, 4, 8, 1)
+    args.vocab, args.hidden, args.layers, args.context, args.ll, args.mc, args.ctx, args.gen, args.new, args.rounds = (
+        256, 64, 2, 128, 16, 4, 40, 4, 8, 1)
     args.workdir = os.path.join(args.workdir, "smoke")
   d = write_model(os.path.join(args.workdir, f"llama_{args.hidden}x{args.layers}_v{args.vocab}"), vocab=args.vocab,
                   hidden=args.hidden, layers=args.layers, context=args.context)
-  ll, gen = make_requests(args)
+  requests = dict(zip(KINDS, make_requests(args)))
   from lm_eval.models.huggingface import HFLM
 
   from xlt.eval.harness import XltLM
 
-  rows = [measure("xlt", XltLM(pretrained=d, batch_size=args.batch, dtype="float32"), ll, gen, args),
-          measure("hf", HFLM(pretrained=d, batch_size=args.batch, dtype="float32", device="cpu"), ll, gen, args)]
-  xlt, hf = rows
-  agree = {"max_abs_loglikelihood": max(abs(a - b) for a, b in zip(xlt["loglikelihoods"], hf["loglikelihoods"])),
-           "generations_equal": sum(a == b for a, b in zip(xlt["generations"], hf["generations"]))}
-  print(f"model {os.path.basename(d)}, {args.ll} loglikelihood requests, {args.gen} x {args.new} new tokens, "
-        f"batch {args.batch}, median of {args.rounds}")
-  print("| backend | loglikelihood req/s | first call s | generate_until tok/s | first call s |")
-  print("|---|---|---|---|---|")
-  for r in rows:
-    print(f"| {r['backend']} | {r['ll_per_s']:.1f} | {r['ll_first_s']:.1f} | {r['gen_tokens_per_s']:.1f} | "
-          f"{r['gen_first_s']:.1f} |")
-  print(f"xlt / hf: {xlt['ll_per_s'] / hf['ll_per_s']:.2f}x loglikelihood, "
-        f"{xlt['gen_tokens_per_s'] / hf['gen_tokens_per_s']:.2f}x generation; agreement {agree}")
+  lms = {"xlt": XltLM(pretrained=d, batch_size=args.batch, dtype="float32"),
+         "hf": HFLM(pretrained=d, batch_size=args.batch, dtype="float32", device="cpu")}
+  m = measure(lms, requests, args.rounds)
+  xlt, hf = m["xlt"], m["hf"]
+  agree = {"max_abs_loglikelihood": max(abs(a - b) for k in ("ll", "mc")
+                                        for a, b in zip(xlt[k]["answers"], hf[k]["answers"])),
+           "generations_equal": sum(a == b for a, b in zip(xlt["gen"]["answers"], hf["gen"]["answers"])),
+           "generations": len(requests["gen"])}
+  columns, rows = summary(m, requests)
+  print(f"model {os.path.basename(d)}, batch {args.batch}, median of {args.rounds} rounds; agreement {agree}")
+  print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+  for row in rows:
+    print("| " + " | ".join(str(x) for x in row) + " |")
   if args.out:
-    from xlt.io import fileio
+    import jax
+    import lm_eval
+    import torch
+    import transformers
 
     from xlt import report
+    from xlt.io import fileio
 
-    record = {"command": "python benchmarks/lm_eval_speed.py " + " ".join(sys.argv[1:]), "commit": report.git_commit(),
-              "machine": report.machine(), "date": time.strftime("%Y-%m-%d"), "args": vars(args), "rows": rows,
-              "agreement": agree}
+    record = {"benchmark": os.path.splitext(os.path.basename(args.out))[0],
+              "title": "lm-eval requests: xlt's backend against lm-eval's hf backend",
+              "command": "python benchmarks/lm_eval_speed.py " + " ".join(sys.argv[1:]), "commit": report.git_commit(),
+              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "wall_s": round(time.perf_counter() - t_start, 1),
+              "machine": report.machine(),
+              "versions": {"jax": jax.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+                           "lm_eval": lm_eval.__version__},
+              "columns": columns, "rows": rows, "args": vars(args), "agreement": agree,
+              "seconds": {name: {k: {"first_s": v["first_s"], "s": v["s"]} for k, v in kinds.items()}
+                          for name, kinds in m.items()}}
+    if args.notes:
+      record["notes"] = args.notes
     fileio.write_text(args.out, json.dumps(record, indent=1) + "\n")
 
 

@@ -58,3 +58,33 @@ def test_machine_names_the_widest_vector_isa(tmp_path):
   info.write_text("model name\t: Old CPU\nflags\t\t: fpu sse4_2 avx avx2\n")
   assert compare.machine(str(info))["isa"] == "avx2"
   assert compare.machine(str(tmp_path / "missing"))["isa"] == "unknown"
+
+
+def test_decode_speed_rows_are_paired_medians():
+  """benchmarks/decode_speed.py's table: per batch, each tool's median tokens/s over rounds, the
+  median of the rounds' xlt / peer ratios, and the share of each peer's tokens equal to xlt's."""
+  from conftest import load_script
+
+  bench = load_script("benchmarks/decode_speed.py")
+
+  def child(seconds, ids):
+    return {"batches": {"2": {"s": seconds, "first_s": 5.0, "ids": ids}}}
+
+  xlt_ids = [[1, 2, 3, 4], [5, 6, 7, 8]]
+  rounds = [{"xlt": child(1.0, xlt_ids), "eager": child(2.0, [[1, 2, 3, 4], [5, 6, 7, 9]]),
+             "compiled": child(1.0, xlt_ids)},
+            {"xlt": child(2.0, xlt_ids), "eager": child(2.0, xlt_ids), "compiled": child(4.0, xlt_ids)},
+            {"xlt": child(1.0, xlt_ids), "eager": child(3.0, xlt_ids), "compiled": child(1.0, xlt_ids)}]
+
+  class Args:
+    batches, new = "2", 4
+
+  columns, rows = bench.summary(rounds, Args)
+  row = dict(zip(columns, rows[0]))
+  # tokens/s = 2 rows x 4 new / seconds; ratios per round 2, 1, 3 (eager) and 1, 2, 1 (compiled)
+  assert row["xlt tok/s"] == 8.0 and row["eager tok/s"] == 4.0 and row["compiled tok/s"] == 8.0
+  assert row["xlt / eager"] == 2.0 and row["xlt / compiled"] == 1.0
+  assert row["same tokens eager"] == 0.875 and row["same tokens compiled"] == 1.0
+  without = [{k: v for k, v in r.items() if k != "compiled"} for r in rounds]
+  row = dict(zip(columns, bench.summary(without, Args)[1][0]))
+  assert row["xlt / eager"] == 2.0 and row["compiled tok/s"] is None and row["xlt / compiled"] is None

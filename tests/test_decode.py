@@ -54,6 +54,35 @@ def test_padded_logits_and_logprobs_match_transformers(llama):
   assert (greedy == (theirs[:, :-1].argmax(-1) == ids[:, 1:]))[real].all()
 
 
+def _continuations(prompt, multiple=1):
+  """Rows as (prefix, window) pairs: two windows after one prefix, an empty prefix, a
+  window with padding; and the same rows whole, for token_logprobs."""
+  pairs = [(prompt[:6], prompt[6:9]), (prompt[:6], [prompt[5], 11, 12, 13, 14]), ([], prompt[:4]),
+           (prompt[2:4], prompt[4:6])]
+  prefixes = [prompt[:6], [], prompt[2:4]]
+  owner = [0, 0, 1, 2]
+  prefix, prefix_valid = decode.left_pad(prefixes, 8, multiple=multiple)
+  window, window_valid = np.zeros((len(pairs), 6), np.int32), np.zeros((len(pairs), 6), bool)
+  for r, (_, w) in enumerate(pairs):
+    window[r, :len(w)], window_valid[r, :len(w)] = w, True
+  whole = decode.left_pad([list(a) + list(w) for a, w in pairs])
+  return (prefix, prefix_valid, owner, window, window_valid), whole, [len(w) - 1 for _, w in pairs]
+
+
+def test_continuation_logprobs_equal_token_logprobs(llama):
+  """A prefix run once for two windows, an empty one, right-padded windows: the log-probs of
+  each window's targets are those of the whole row."""
+  cfg, params, prompt, _, _ = llama
+  args, (tokens, valid), n = _continuations(prompt)
+  logp, greedy = decode.continuation_logprobs(cfg, params, *args)
+  want, want_greedy = decode.token_logprobs(cfg, params, tokens, valid)
+  for r, k in enumerate(n):
+    np.testing.assert_allclose(logp[r, :k], want[r, -k:], atol=1e-5)
+    assert (greedy[r, :k] == want_greedy[r, -k:]).all()
+  with pytest.raises(ValueError, match="owner names a prefix"):
+    decode.continuation_logprobs(cfg, params, *args[:2], [0, 0, 1, 3], *args[3:])
+
+
 def test_greedy_reports_stops(llama):
   cfg, params, prompt, theirs, _ = llama
   new = theirs[len(prompt):]
@@ -88,6 +117,10 @@ def test_sharded_equals_one_device(llama):
   assert one == many and one.stopped[0] == theirs[len(prompt) + 5]
   with pytest.raises(ValueError, match="do not split over the mesh"):
     decode.logits(cfg, placed, tokens[:3], valid[:3], mesh=mesh)
+  args, _, _ = _continuations(prompt, multiple=4)
+  args = args[:2] + ([0, 0, 1, 2], *args[3:])
+  one, many = (decode.continuation_logprobs(cfg, p, *args, mesh=m) for p, m in ((params, None), (placed, mesh)))
+  assert np.abs(one[0] - many[0]).max() < 1e-5 and (one[1] == many[1]).all()
 
 
 def test_generate_command_with_a_mesh(tmp_path):

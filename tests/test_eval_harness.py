@@ -56,6 +56,7 @@ def _loglikelihoods(m, samples):
   hf = [r[0] for s in samples for r in s["resps"]]
   p = req.prefix_id(m.tokenizer)
   ours = req.loglikelihood_tokens(m, [req.encode_pair(m.tokenizer, c, x, p) for c, x in pairs])
+  assert all(math.isfinite(x[0]) for x in ours)  # a NaN would pass the max(...) < TOL comparisons
   return ours, hf
 
 
@@ -95,7 +96,7 @@ def test_loglikelihood_rolling_matches_hf(models, family):
   assert max(len(d) for d in docs) > 2 * m.context  # several windows
   ours = req.loglikelihood_rolling(m, docs, req.prefix_id(m.tokenizer))
   theirs = [s["resps"][0][0] for s in samples]
-  assert max(abs(a - b) for a, b in zip(ours, theirs)) < TOL
+  assert np.abs(np.subtract(ours, theirs)).max() < TOL  # NaN fails it
   words = sum(len(s["arguments"][0][0].split()) for s in samples)
   assert math.isclose(math.exp(-sum(ours) / words), hf["results"]["xlt_words_rolling"]["word_perplexity,none"],
                       rel_tol=1e-5)
@@ -275,13 +276,25 @@ def test_merge_then_evaluate(tmp_path):
 
 
 def test_logits_budget_cuts_batches_not_answers(models, monkeypatch):
-  """Scoring batches shrink to keep [rows, length, V] float32 logits under LOGITS_BYTES; the
-  answers stay the same."""
+  """Scoring batches shrink to keep the windows' float32 logits [rows, window, V] and KV caches
+  under LOGITS_BYTES; the answers stay the same."""
   m = models["llama"]
   samples = _hf("llama")["samples"]["xlt_words_mc"]
   full, _ = _loglikelihoods(m, samples)
-  assert req._rows_for(m, 32) == 4
-  monkeypatch.setattr(req, "LOGITS_BYTES", 32 * m.cfg.vocab_size * 4 * 3)  # 3 rows of 32 tokens
-  assert req._rows_for(m, 32) == 3 and req._rows_for(m, 64) == 1
+  c = m.cfg
+  assert req._window_rows(m, 32, 8) > 4
+  row = 8 * c.vocab_size * 4 + 2 * c.num_layers * c.kv_heads * c.head_width * 4 * (32 + 8)
+  monkeypatch.setattr(req, "LOGITS_BYTES", row * 3)  # 3 windows of 8 tokens after 32
+  assert req._window_rows(m, 32, 8) == 3 and req._window_rows(m, 64, 64) == 1
   cut, _ = _loglikelihoods(m, samples)
   assert max(abs(a[0] - b[0]) for a, b in zip(full, cut)) < 1e-5 and [a[1] for a in full] == [b[1] for b in cut]
+
+
+def test_buckets():
+  """Prefix lengths padded by under 1/8 (at least to a multiple of LENGTH_BUCKET), windows to a
+  power of two from 8, window rows to the batch times a power of two."""
+  assert [req._bucket(n, 4096) for n in (1, 16, 17, 129, 200, 257, 1000)] == [16, 16, 32, 160, 224, 320, 1024]
+  assert req._bucket(1000, 600) == 600
+  assert [req._window_bucket(n) for n in (2, 5, 9, 32, 33, 65)] == [8, 8, 16, 32, 64, 96]
+  assert [req._rows_bucket(n, 4, 100) for n in (1, 4, 5, 9, 13, 17)] == [4, 4, 8, 16, 16, 32]
+  assert req._rows_bucket(17, 4, 20) == 20

@@ -13,6 +13,8 @@ Face model directory.
   tokens, valid = decode.left_pad([[5, 6, 7], [8, 9]])
   logits_BxTxV = decode.logits(cfg, params, tokens, valid, mesh=mesh)
   logp_BxT, greedy_BxT = decode.token_logprobs(cfg, params, tokens, valid, mesh=mesh)
+  logp_BxW, greedy_BxW = decode.continuation_logprobs(cfg, params, prefix, prefix_valid, owner_B,
+                                                   window, window_valid, mesh=mesh)
   out = decode.greedy(cfg, params, [[5, 6, 7], [8, 9]], max_new=16, stop_ids=[2], mesh=mesh)
   out.ids[r], out.stopped[r]   # row r's new tokens (without its stop), and what stopped it
 
@@ -23,6 +25,12 @@ position_ids from the attention mask, so a left-padded row scores as it would al
 `token_logprobs` gives, at each position t < T - 1, log p(token t+1 | tokens <= t) and whether
 token t+1 is the argmax there: lm-eval's loglikelihood and its `is_greedy`, computed on the
 device, so only [B, T-1] numbers come back, not the logits.
+
+`continuation_logprobs` gives the same for rows cut into a prefix and a short window after it:
+each distinct prefix runs once into a KV cache (no logits: at a 4k-128k vocabulary the head
+and its log-softmax cost a quarter or more of a small model's scoring), the windows read the
+caches of their prefixes, and only the windows' logits are computed. lm-eval's loglikelihood
+is such a row (xlt.eval.requests), and a multiple-choice question's choices share its prefix.
 
 `greedy` decodes with the KV cache (model.init_cache(padded=True)) in chunks of steps, each one
 jitted `lax.while_loop` that ends once every row has written a stop id. Between chunks a host
@@ -158,6 +166,60 @@ def token_logprobs(cfg: model_lib.Config, params, tokens_BxT, valid_BxT=None, *,
   """(log p(token t+1 | tokens <= t) [B, T-1] float32, is-argmax [B, T-1] bool) of left-padded rows."""
   # the last token is only a target: rows of block_size + 1 tokens fit
   logp, greedy_ = _token_logprobs(cfg, params, *_check(cfg, tokens_BxT, valid_BxT, mesh, cfg.block_size + 1))
+  logp, greedy_ = distributed.to_host((logp, greedy_))
+  return np.asarray(logp, np.float32), np.asarray(greedy_, bool)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "gather"))
+def _continuation_logprobs(cfg, params, prefix_UxP, prefix_valid_UxP, owner_B, window_BxW, window_valid_BxW, *,
+                           gather: bool):
+  u, p = prefix_UxP.shape
+  # the window's last token is only a target (as token_logprobs'): rows of block_size + 1 fit
+  cache = model_lib.init_cache(cfg, u, p + window_BxW.shape[1] - 1, padded=True)
+  if p:  # the prefix's logits are unused: XLA computes no [U, P, V] head (a large vocabulary's cost)
+    _, cache = model_lib.apply(cfg, params, prefix_UxP, cache, 0, valid_BxT=prefix_valid_UxP)
+  if gather:  # each window row continues its own prefix's cache
+    cache = jax.tree.map(lambda x: jnp.take(x, owner_B, axis=0), cache)
+  # so each row's last real token is fed as padding (the window is right-padded): shifted mask
+  logits_BxWxV, _ = model_lib.apply(cfg, params, window_BxW[:, :-1], cache, p, valid_BxT=window_valid_BxW[:, 1:])
+  target_BxW = window_BxW[:, 1:]
+  picked_BxW = jnp.take_along_axis(logits_BxWxV, target_BxW[..., None], axis=-1)[..., 0]
+  logp_BxW = picked_BxW - jax.nn.logsumexp(logits_BxWxV, axis=-1)
+  return logp_BxW, jnp.argmax(logits_BxWxV, axis=-1) == target_BxW
+
+
+def continuation_logprobs(cfg: model_lib.Config, params, prefix_UxP, prefix_valid_UxP, owner_B, window_BxW,
+                          window_valid_BxW, *, mesh=None) -> tuple[np.ndarray, np.ndarray]:
+  """`token_logprobs` of rows that are a shared prefix followed by a short window, computing
+  logits for the windows only: (log p(window[b, t+1] | prefix[owner[b]], window[b, :t+1])
+  [B, W-1] float32, is-argmax [B, W-1] bool).
+
+  Prefixes [U, P] are left-padded (`prefix_valid_UxP` False on padding; P may be 0), and run
+  once each into a KV cache; window row b continues prefix owner_B[b] (several rows may name
+  one prefix: the choices of a multiple-choice question read their context once). Windows
+  [B, W] are right-padded (`window_valid_BxW` True on a prefix of each row): a later slot is
+  never attended to by an earlier one, so the padding changes nothing before it. lm-eval's
+  loglikelihood is a window of the context's last token and the continuation."""
+  prefix_UxP, prefix_valid_UxP = np.asarray(prefix_UxP, np.int32), np.asarray(prefix_valid_UxP, bool)
+  window_BxW, window_valid_BxW = np.asarray(window_BxW, np.int32), np.asarray(window_valid_BxW, bool)
+  owner_B = np.asarray(owner_B, np.int32)
+  u, b = len(prefix_UxP), len(window_BxW)
+  if prefix_valid_UxP.shape != prefix_UxP.shape or window_valid_BxW.shape != window_BxW.shape or owner_B.shape != (b,):
+    raise ValueError(f"need prefixes [U, P] with their valid mask, windows [B, W] with theirs and owner [B]; got "
+                     f"{prefix_UxP.shape}, {prefix_valid_UxP.shape}, {window_BxW.shape}, {window_valid_BxW.shape}, "
+                     f"{owner_B.shape}")
+  if b and (owner_B.min() < 0 or owner_B.max() >= u):
+    raise ValueError(f"owner names a prefix outside 0..{u - 1}")
+  if window_BxW.shape[1] < 2:
+    raise ValueError("a window needs a token and its target (W >= 2)")
+  if (prefix_valid_UxP.sum(1)[owner_B] + window_valid_BxW.sum(1)).max(initial=0) > cfg.block_size + 1:
+    raise ValueError(f"a row has more than the model's context {cfg.block_size} tokens (+ 1 target)")
+  if u % rows_multiple(mesh) or b % rows_multiple(mesh):
+    raise ValueError(f"{u} prefixes and {b} windows must both split over the mesh's {rows_multiple(mesh)} data shards")
+  gather = u != b or bool((owner_B != np.arange(b)).any())
+  logp, greedy_ = _continuation_logprobs(
+      cfg, params, _rows(prefix_UxP, mesh), _rows(prefix_valid_UxP, mesh), _rows(owner_B, mesh),
+      _rows(window_BxW, mesh), _rows(window_valid_BxW, mesh), gather=gather)
   logp, greedy_ = distributed.to_host((logp, greedy_))
   return np.asarray(logp, np.float32), np.asarray(greedy_, bool)
 

@@ -12,9 +12,12 @@ are `get_rolling_token_windows` + `make_disjoint_window` with one token of conte
 a generation's context keeps its last max_length - max_gen_toks tokens, stops at the model's
 stop ids, and its text is cut at the first of `until`.
 
-Requests are sorted by length (longest first, as lm-eval does, so a batch's rows are of
-similar length) and batched with left padding to a multiple of LENGTH_BUCKET, so a run over
-many lengths compiles a few programs.
+A loglikelihood request is scored as a prefix (its context but the last token) and a window
+(that token and the continuation) by decode.continuation_logprobs: logits only for the
+windows, and one prefix run once for every request that has it (a question's choices).
+Requests are sorted by prefix length (longest first, as lm-eval does, so a batch's rows are of
+similar length) and batched with left padding to a few lengths (`_bucket`: under 1/8 of
+padding), windows to a power of two, so a run over many lengths compiles a few programs.
 """
 
 from __future__ import annotations
@@ -22,15 +25,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from xlt import decode
 from xlt import model as model_lib
 from xlt import sharding
 
-LENGTH_BUCKET = 32
-# A scoring batch's logits are all computed (every position may be a target); rows are cut to
-# keep them under this per device (a 128k vocabulary: 4 rows of 2048 tokens)
+LENGTH_BUCKET = 16
+# A scoring batch's windows' float32 logits and KV caches stay under this per device: its rows
+# are cut to fit (`_window_rows`; a rolling window is as long as the context)
 LOGITS_BYTES = 4 << 30
 
 
@@ -79,16 +83,33 @@ def prefix_id(tokenizer) -> int:
 
 
 def _bucket(n: int, limit: int) -> int:
-  return min(sharding.round_up(n, LENGTH_BUCKET), limit)
+  """`n` rounded up to a step of 1/8 of its power of two (at least LENGTH_BUCKET): under
+  12.5% padding, and a few lengths (programs) per doubling."""
+  step = max(LENGTH_BUCKET, 1 << max((n - 1).bit_length() - 3, 0))
+  return min(sharding.round_up(n, step), limit)
 
 
-def _rows_for(m: Model, length: int) -> int:
-  """Rows of a scoring batch: `m.batch` (a multiple of the mesh's data shards), fewer where
-  their float32 logits [rows, length, V] would pass LOGITS_BYTES per device."""
+def _window_bucket(n: int) -> int:
+  """A window's padded length: a power of two up to 32 (lm-eval's continuations are mostly a
+  few tokens: one program), then a multiple of 32 (rolling windows)."""
+  return max(8, 1 << (n - 1).bit_length()) if n <= 32 else sharding.round_up(n, 32)
+
+
+def _window_rows(m: Model, prefix: int, window: int) -> int:
+  """Most window rows of one scoring batch: their float32 logits [rows, window, V] and KV
+  caches [rows, prefix + window] kept under LOGITS_BYTES per device (a 128k vocabulary: 16
+  windows of 512 tokens), a multiple of the mesh's data shards."""
   multiple = decode.rows_multiple(m.mesh)
   devices = 1 if m.mesh is None else m.mesh.size
-  fit = LOGITS_BYTES * devices // (length * m.cfg.vocab_size * 4) // multiple * multiple
-  return max(multiple, min(sharding.round_up(m.batch, multiple), fit))
+  c = m.cfg
+  cache = 2 * c.num_layers * c.kv_heads * c.head_width * jnp.dtype(c.dtype).itemsize * (prefix + window)
+  fit = LOGITS_BYTES * devices // (window * c.vocab_size * 4 + cache) // multiple * multiple
+  return max(multiple, fit)
+
+
+def _rows_bucket(n: int, batch: int, cap: int) -> int:
+  """Window rows of a batch: `batch` times a power of two (a few programs), at most `cap`."""
+  return min(batch << max(-(-n // batch) - 1, 0).bit_length(), max(cap, n))
 
 
 def _batches(order: list[int], batch: int):
@@ -100,29 +121,67 @@ def loglikelihood_tokens(m: Model, requests: Sequence[tuple[Sequence[int], Seque
                          ) -> list[tuple[float, bool]]:
   """(sum of log p(continuation | context), whether every continuation token is the argmax)
   per (context ids, continuation ids); the context must be non-empty (lm-eval gives the
-  prefix token for an empty one)."""
-  rows = []
+  prefix token for an empty one).
+
+  Each request is cut (lm-eval's left truncation) into a prefix, all its context but the last
+  token, and a window, that token and the continuation (decode.continuation_logprobs): logits
+  are computed for the windows only, and requests with one prefix (the choices of a question)
+  run it once. Batches hold up to `m.batch` prefixes, longest first, and their windows."""
+  prefixes, windows = [], []
   for i, (ctx, cont) in enumerate(requests):
     if not ctx or not cont:
       raise ValueError(f"request {i}: the context and the continuation need a token each")
     if len(cont) > m.context:
       raise ValueError(f"request {i}: a continuation of {len(cont)} tokens is longer than the context {m.context}")
-    rows.append((list(ctx) + list(cont))[-(m.context + 1):])
-  order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
-  out: list = [None] * len(rows)
+    row = (list(ctx) + list(cont))[-(m.context + 1):]
+    prefixes.append(tuple(row[:-len(cont) - 1]))
+    windows.append(row[-len(cont) - 1:])
+  # longest prefix first (as lm-eval), so a batch's prefixes are of similar length; one
+  # prefix's requests side by side
+  order = sorted(range(len(requests)), key=lambda i: (-len(prefixes[i]), prefixes[i], len(windows[i])))
+  multiple = decode.rows_multiple(m.mesh)
+  batch = sharding.round_up(m.batch, multiple)
+  out: list = [None] * len(requests)
   start = 0
   while start < len(order):
-    length = _bucket(len(rows[order[start]]), m.context + 1)
-    batch = _rows_for(m, length)
-    idx = order[start:start + batch]
-    start += batch
-    tokens, valid = decode.left_pad([rows[i] for i in idx] + [[]] * (batch - len(idx)), length)
-    valid[len(idx):, -1] = True  # empty filler rows: one token, so no row is all padding
-    logp, greedy = decode.token_logprobs(m.cfg, m.params, tokens, valid, mesh=m.mesh)
+    p = _bucket(len(prefixes[order[start]]), m.context) if prefixes[order[start]] else 0
+    idx, owners, w = _take(order[start:], prefixes, windows, m, batch, p)
+    start += len(idx)
+    w = _window_bucket(w)
+    unique = list(dict.fromkeys(prefixes[i] for i in idx))
+    rows = _rows_bucket(len(idx), batch, _window_rows(m, p, w))
+    prefix, prefix_valid = decode.left_pad([list(u) for u in unique], p, multiple=batch)
+    prefix_valid[len(unique):, -1:] = True  # filler rows: a token, so no row is all padding
+    window, window_valid = np.zeros((rows, w), np.int32), np.zeros((rows, w), bool)
     for r, i in enumerate(idx):
-      n = len(requests[i][1])
-      out[i] = (float(logp[r, -n:].astype(np.float64).sum()), bool(greedy[r, -n:].all()))
+      window[r, :len(windows[i])], window_valid[r, :len(windows[i])] = windows[i], True
+    window_valid[len(idx):, :2] = True  # filler rows: a token and its target
+    owner = np.zeros(rows, np.int32)
+    owner[:len(idx)] = owners
+    logp, greedy = decode.continuation_logprobs(m.cfg, m.params, prefix, prefix_valid, owner, window, window_valid,
+                                                mesh=m.mesh)
+    for r, i in enumerate(idx):
+      n = len(windows[i]) - 1
+      out[i] = (float(logp[r, :n].astype(np.float64).sum()), bool(greedy[r, :n].all()))
   return out
+
+
+def _take(order, prefixes, windows, m: Model, batch: int, p: int) -> tuple[list[int], list[int], int]:
+  """The requests of the next batch from `order`: up to `batch` distinct prefixes (none
+  longer than `p`), their windows within the rows' budget. (requests, prefix row of each,
+  the longest window)."""
+  idx, owners, unique, longest = [], [], {}, 0
+  for i in order:
+    new = prefixes[i] not in unique
+    w = max(longest, len(windows[i]))
+    if idx and ((new and len(unique) == batch) or len(idx) + 1 > _window_rows(m, p, _window_bucket(w))):
+      break
+    if new:
+      unique[prefixes[i]] = len(unique)
+    idx.append(i)
+    owners.append(unique[prefixes[i]])
+    longest = w
+  return idx, owners, longest
 
 
 def rolling_windows(ids: Sequence[int], prefix_id: int, max_length: int) -> list[tuple[list, list]]:

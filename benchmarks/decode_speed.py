@@ -1,0 +1,239 @@
+"""Greedy decoding of a loaded Llama: xlt (xlt.decode.greedy) against transformers' `generate`,
+eager and, as a second peer, with the static cache and torch.compile, in new tokens/s at
+batch 1, 8 and 64 on the CPU.
+
+  python benchmarks/decode_speed.py --out=results/benchmarks/decode_speed.json
+  python benchmarks/decode_speed.py --quick       # smoke test: 1 round, batch 1 and 8, 16 new tokens
+  python benchmarks/decode_speed.py --peers=eager   # no torch.compile peer (it compiles for minutes)
+
+Runs where xlt, torch and transformers are installed together (a venv: see
+tests/fixtures/make_lm_eval_fixtures.py). All three read the same files: a seeded random
+float32 `LlamaForCausalLM` of --shape written once by transformers' `save_pretrained` under
+--workdir (benchmarks/hf_models.write_checkpoint), loaded by xlt through xlt.pretrained.load.
+
+  tiny   hidden 256, 4 layers, 8 heads, 2 key/value heads, MLP 704, vocab 8000
+  small  hidden 512, 6 layers, 8 heads, 4 key/value heads, MLP 1408, vocab 32000
+
+Each batch row is a prompt of --prompt random tokens (seeded, the same for every tool), and
+each tool writes exactly --new tokens per row, greedily, with no stop token (transformers:
+its generation config's `eos_token_id=None`, so no row ends early). Timed: the whole call,
+prompt prefill included, from token ids to new token ids on the host; the first call (xlt's
+and torch.compile's compilation) is timed apart, then the median of --reps calls. new tokens/s
+= batch x new / that time.
+
+  xlt        decode.greedy: the prefill and a jitted `lax.while_loop` over the new tokens, with
+             the KV cache, on jax's default CPU device (every core)
+  eager      model.generate(do_sample=False): transformers' dynamic cache, PyTorch eager
+  compiled   model.generate(cache_implementation="static", compile_config=CompileConfig(
+             fullgraph=True, dynamic=False, mode="default")), compiled on the CPU too
+             (transformers compiles only on accelerators unless told)
+
+Measured as benchmarks/finetune_step.py measures: in each round every tool runs in a fresh
+subprocess (every batch size in turn), the tools in an order that rotates by round, so a drift of
+the shared machine's speed spreads over all three. The table gives the median over rounds of
+each tool's tokens/s and the median of the rounds' ratios. Each tool's new tokens are compared
+with xlt's ("same"): a random model's logits can tie to rounding, so a few rows may differ.
+Prints a markdown table; --out writes the results file (results/benchmarks schema: columns,
+rows, command, commit, machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.hf_models import write_checkpoint  # noqa: E402
+
+SHAPES = {
+    "tiny": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                 intermediate_size=704, vocab_size=8000),
+    "small": dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4,
+                  intermediate_size=1408, vocab_size=32000),
+}
+TOOLS = ("xlt", "eager", "compiled")
+SEED = 0
+
+
+def prompts(batch: int, length: int, vocab: int):
+  import numpy as np
+
+  return np.random.default_rng(SEED + batch).integers(3, vocab, (batch, length)).astype(np.int32)
+
+
+def _timed(run, reps: int) -> dict:
+  t0 = time.perf_counter()
+  ids = run()
+  first = time.perf_counter() - t0
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    run()
+    times.append(time.perf_counter() - t0)
+  return {"first_s": first, "s": statistics.median(times), "times": times, "ids": ids}
+
+
+# ---------------------------------------------------------------------------- children
+
+
+def xlt_child(a) -> dict:
+  import jax
+
+  from xlt import decode, pretrained
+
+  cfg, params = pretrained.load(a.model, dtype="float32")
+  out = {}
+  for batch in a.batches:
+    rows = prompts(batch, a.prompt, cfg.vocab_size).tolist()
+    run = lambda: decode.greedy(cfg, params, rows, max_new=a.new).ids  # noqa: B023
+    out[str(batch)] = _timed(run, a.reps)
+  return {"batches": out, "versions": {"jax": jax.__version__}}
+
+
+def torch_child(a, compiled: bool) -> dict:
+  import torch
+  import transformers
+
+  torch.set_num_threads(os.cpu_count())
+  model = transformers.LlamaForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
+  config = copy.deepcopy(model.generation_config)
+  # no stop token: every row writes --new tokens, as xlt's (which is given no stop id)
+  config.update(do_sample=False, max_new_tokens=a.new, eos_token_id=None, pad_token_id=0)
+  if compiled:
+    compile_config = transformers.CompileConfig(fullgraph=True, dynamic=False, mode="default")
+    compile_config._compile_all_devices = True  # transformers compiles only on accelerators unless told
+    config.update(cache_implementation="static", compile_config=compile_config)
+  out = {}
+  for batch in a.batches:
+    ids = torch.from_numpy(prompts(batch, a.prompt, model.config.vocab_size)).long()
+
+    def run():
+      with torch.inference_mode():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)[:, ids.shape[1]:].tolist()  # noqa: B023
+
+    out[str(batch)] = _timed(run, a.reps)
+  return {"batches": out, "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+          "threads": torch.get_num_threads()}
+
+
+def child_main(a) -> None:
+  a.batches = [int(b) for b in a.batches.split(",")]
+  result = xlt_child(a) if a.child == "xlt" else torch_child(a, a.child == "compiled")
+  with open(a.child_out, "w") as f:
+    json.dump(result, f)
+
+
+# ---------------------------------------------------------------------------- the parent
+
+
+def run_child(tool: str, a, model: str, tmp: str) -> dict:
+  out = os.path.join(tmp, f"{tool}.json")
+  cmd = [sys.executable, os.path.abspath(__file__), "--child", tool, "--model", model, "--child_out", out,
+         "--batches", a.batches, "--prompt", str(a.prompt), "--new", str(a.new), "--reps", str(a.reps)]
+  t0 = time.perf_counter()
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+  if proc.returncode:
+    sys.exit(f"the {tool} child failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+  with open(out) as f:
+    result = json.load(f)
+  print(f"  {tool}: " + ", ".join(f"batch {b} {r['s']:.3f} s (first {r['first_s']:.1f} s)"
+                                  for b, r in result["batches"].items())
+        + f"; {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+  return result
+
+
+def summary(rounds: list[dict], a) -> tuple[list[str], list[list]]:
+  """The schema's columns and rows: per batch, each tool's median new tokens/s over rounds, the
+  median of the rounds' xlt / peer ratios, and the share of each peer's new tokens equal to
+  xlt's (None for a peer left out by --peers)."""
+  columns = ["batch", "xlt tok/s", "eager tok/s", "xlt / eager", "compiled tok/s", "xlt / compiled",
+             "same tokens eager", "same tokens compiled", "xlt first call s", "compiled first call s"]
+  rows = []
+  for b in a.batches.split(","):
+    per_s = {t: [int(b) * a.new / r[t]["batches"][b]["s"] for r in rounds] for t in TOOLS if t in rounds[0]}
+    mine = [t for row in rounds[0]["xlt"]["batches"][b]["ids"] for t in row]
+    rate, ratio, same = {}, {}, {}
+    for t in TOOLS:
+      if t not in per_s:
+        rate[t] = ratio[t] = same[t] = None
+        continue
+      rate[t] = round(statistics.median(per_s[t]), 1)
+      ratio[t] = round(statistics.median(x / y for x, y in zip(per_s["xlt"], per_s[t])), 2)
+      theirs = [t_ for row in rounds[0][t]["batches"][b]["ids"] for t_ in row]
+      same[t] = round(sum(x == y for x, y in zip(mine, theirs)) / len(mine), 3)
+    first = {t: round(rounds[0][t]["batches"][b]["first_s"], 1) if t in per_s else None for t in TOOLS}
+    rows.append([int(b), rate["xlt"], rate["eager"], ratio["eager"], rate["compiled"], ratio["compiled"],
+                 same["eager"], same["compiled"], first["xlt"], first["compiled"]])
+  return columns, rows
+
+
+def main(a) -> None:
+  from xlt import report
+
+  t_start = time.perf_counter()
+  if a.quick:
+    a.rounds, a.batches, a.reps, a.new = 1, "1,8", 1, 16
+  model = os.path.join(a.workdir, a.shape)
+  write_checkpoint(model, SHAPES[a.shape], SEED)
+  tools = ["xlt"] + [t for t in a.peers.split(",") if t]
+  if any(t not in TOOLS[1:] for t in tools[1:]):
+    sys.exit(f"--peers: each one of {', '.join(TOOLS[1:])}")
+  rounds = []
+  with tempfile.TemporaryDirectory() as tmp:
+    for r in range(a.rounds):
+      order = tools[r % len(tools):] + tools[:r % len(tools)]  # who goes first rotates by round
+      print(f"round {r + 1}: {', '.join(order)}", file=sys.stderr, flush=True)
+      rounds.append({tool: run_child(tool, a, model, tmp) for tool in order})
+  columns, rows = summary(rounds, a)
+  print(f"{a.shape} Llama, prompt {a.prompt} tokens, {a.new} new tokens per row, median of {a.rounds} rounds "
+        f"({a.reps} calls each)")
+  print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+  for row in rows:
+    print("| " + " | ".join(str(x) for x in row) + " |")
+  if a.out:
+    from xlt.io import fileio
+
+    versions = {k: v for r in rounds[0].values() for k, v in r["versions"].items()}
+    record = {"benchmark": os.path.splitext(os.path.basename(a.out))[0],
+              "title": f"Greedy decoding of a loaded Llama ({a.shape}), new tokens/s",
+              "command": "python benchmarks/decode_speed.py " + " ".join(sys.argv[1:]),
+              "commit": report.git_commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                  timespec="seconds"), "wall_s": round(time.perf_counter() - t_start, 1),
+              "machine": report.machine(), "versions": versions, "columns": columns, "rows": rows,
+              "shape": SHAPES[a.shape], "prompt": a.prompt, "new": a.new, "rounds": a.rounds, "reps": a.reps,
+              "torch_threads": next((r["threads"] for r in rounds[0].values() if "threads" in r), None),
+              "round_seconds": [{t: {b: r[t]["batches"][b]["times"] for b in r[t]["batches"]} for t in tools}
+                                for r in rounds]}
+    if a.notes:
+      record["notes"] = a.notes
+    fileio.write_text(a.out, json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--workdir", default=os.path.join(ROOT, "runs", "decode_speed"), help="where the checkpoint goes")
+  p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+  p.add_argument("--batches", default="1,8,64", help="batch sizes, comma-separated")
+  p.add_argument("--prompt", type=int, default=32, help="prompt tokens per row")
+  p.add_argument("--new", type=int, default=64, help="new tokens per row")
+  p.add_argument("--reps", type=int, default=3, help="timed calls per batch after the first")
+  p.add_argument("--rounds", type=int, default=3, help="fresh subprocesses per tool")
+  p.add_argument("--peers", default="eager,compiled", help="which of eager,compiled to run (comma-separated)")
+  p.add_argument("--out", default="", help="write the results file here")
+  p.add_argument("--notes", default="", help="a caveat for the results file (e.g. 'taken on a busy machine')")
+  p.add_argument("--quick", action="store_true", help="1 round, batch 1 and 8, 16 new tokens: a smoke test")
+  p.add_argument("--child", choices=TOOLS, help=argparse.SUPPRESS)
+  p.add_argument("--model", help=argparse.SUPPRESS)
+  p.add_argument("--child_out", help=argparse.SUPPRESS)
+  args = p.parse_args()
+  (child_main if args.child else main)(args)
