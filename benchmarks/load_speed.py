@@ -1,8 +1,11 @@
 """Loading a Hugging Face checkpoint: xlt.pretrained.load against transformers' from_pretrained,
 every weight read, wall time and peak RSS, on Llama-shaped float32 checkpoints made here.
 
-  python benchmarks/load_speed.py --peer_python=/work/venvs/fusion/bin/python \\
-      --cache=/tmp/xlt_load_speed --rounds=3 --out=results/benchmarks/load_speed.json
+  python benchmarks/load_speed.py --peer_python=PEER/bin/python --rounds=3 \\
+      --out=results/benchmarks/load_speed.json
+
+(PEER: a virtual environment with torch and transformers; the checkpoints go under --cache,
+by default xlt_load_speed in the system's temporary directory.)
 
 The checkpoints are written once into --cache (kept when already there, with the same shape
 and seed) by xlt's own writer (xlt.io.hf_dir, the layout transformers' save_pretrained
@@ -40,6 +43,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -217,7 +221,7 @@ def _worker(args) -> None:
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--cache", default="/tmp/xlt_load_speed", help="where the checkpoints are written (and kept)")
+  p.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "xlt_load_speed"), help="where the checkpoints are written (and kept)")
   p.add_argument("--peer_python", default=sys.executable, help="a Python with torch and transformers")
   p.add_argument("--shapes", default="963MiB,3.4GB", help=f"comma-separated, of {', '.join(SHAPES)}")
   p.add_argument("--rounds", type=int, default=3, help="measurements per tool and checkpoint (alternating)")

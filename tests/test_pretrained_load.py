@@ -32,7 +32,7 @@ def test_leaf_shapes_from_one_block_equal_the_whole_model(family):
 def test_mapped_views_equal_the_read_and_survive_release():
   tensors = hf_dir.read_model_dir(os.path.join(HF, "llama"))[1]
   mapped = tensor_files.Mapped()
-  for name, x in tensors.items():
+  for x in tensors.values():
     view = mapped.view(x)
     want = np.asarray(x)  # read with readinto, not the map
     assert view.shape == want.shape and view.dtype == want.dtype and np.array_equal(view, want)
