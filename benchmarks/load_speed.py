@@ -23,6 +23,8 @@ Llama module imported), records its RSS, then times
     parameter on both sides. transformers memory-maps the files and reads a tensor's pages when
     it is first touched, so its `load` returns before the weights are in memory: "load + read"
     is the figure that compares equal work, and the one the table reports.
+"CPU s" is the child's CPU time (every thread's) over load and read: on a busy machine,
+where a tool's threads wait for a core, it is steadier than the wall time.
 Peak RSS is the child's ru_maxrss at the end minus its RSS after the imports (the checkpoint's
 pages count while they are mapped), divided by the checkpoint's bytes. The files sit in the page
 cache after the first round, so both tools read them from memory (one unmeasured warm-up load
@@ -66,6 +68,12 @@ def _rss_mib() -> float:
 
 def _peak_mib() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _cpu_s() -> float:
+  """CPU seconds of this process so far, every thread's, user and system."""
+  r = resource.getrusage(resource.RUSAGE_SELF)
+  return r.ru_utime + r.ru_stime
 
 
 def checkpoint_bytes(path: str) -> int:
@@ -132,7 +140,7 @@ def load_child(tool: str, path: str) -> dict:
     import torch
     import transformers
     import transformers.models.llama.modeling_llama  # noqa: F401
-  imported, base = time.perf_counter(), _rss_mib()
+  imported, base, cpu0 = time.perf_counter(), _rss_mib(), _cpu_s()
   if tool == "xlt":
     _, params = pretrained.load(path)
     weights = jax.block_until_ready(jax.tree_util.tree_leaves(params))
@@ -145,6 +153,7 @@ def load_child(tool: str, path: str) -> dict:
   total = float(sum(np.sum(v, dtype=np.float32) for v in views()))  # every weight read once
   read = time.perf_counter()
   return {"tool": tool, "import_s": imported - t0, "load_s": loaded - imported, "read_s": read - imported,
+          "cpu_s": _cpu_s() - cpu0,
           "after_above_mib": after, "peak_above_mib": _peak_mib() - base, "peak_mib": _peak_mib(),
           "sum": total, "params": int(sum(v.size for v in views()))}
 
@@ -175,14 +184,16 @@ def measure(args) -> dict:
       for tool in (("xlt", "transformers") if r % 2 == 0 else ("transformers", "xlt")):
         m = _child(args, python[tool], f"--worker=load:{tool}:{name}") | {"round": r}
         runs[name]["runs"].append(m)
-        print(f"{name} round {r} {tool}: load {m['load_s']:.2f} s, load + read {m['read_s']:.2f} s, "
+        print(f"{name} round {r} {tool}: load {m['load_s']:.2f} s, load + read {m['read_s']:.2f} s "
+              f"({m['cpu_s']:.2f} CPU s), "
               f"peak {m['peak_above_mib']:.0f} MiB above imports ({m['peak_above_mib'] * 2**20 / size:.3f}x)",
               flush=True)
   return runs
 
 
 COLUMNS = ["checkpoint", "MiB", "xlt load + read s", "transformers load + read s", "xlt / transformers",
-           "xlt load s", "transformers load s", "xlt peak RSS / file", "transformers peak RSS / file"]
+           "xlt load s", "transformers load s", "xlt CPU s", "transformers CPU s", "xlt peak RSS / file",
+           "transformers peak RSS / file"]
 
 
 def rows(runs: dict) -> list[list]:
@@ -192,11 +203,12 @@ def rows(runs: dict) -> list[list]:
     med, peak = {}, {}
     for tool in ("xlt", "transformers"):
       ms = [m for m in r["runs"] if m["tool"] == tool]
-      med[tool] = {k: statistics.median(m[k] for m in ms) for k in ("load_s", "read_s")}
+      med[tool] = {k: statistics.median(m[k] for m in ms) for k in ("load_s", "read_s", "cpu_s")}
       peak[tool] = max(m["peak_above_mib"] for m in ms) * 2**20 / r["bytes"]
     x, t = med["xlt"], med["transformers"]
     out.append([name, round(r["bytes"] / 2**20, 1), round(x["read_s"], 3), round(t["read_s"], 3),
                 round(x["read_s"] / t["read_s"], 3), round(x["load_s"], 3), round(t["load_s"], 3),
+                round(x["cpu_s"], 3), round(t["cpu_s"], 3),
                 round(peak["xlt"], 3), round(peak["transformers"], 3)])
   return out
 

@@ -15,8 +15,10 @@ their layout. torch's Linear weights are [out, in] and become xlt's [in, out...]
 q, k and v stack into xlt's fused qkv kernel [D, 3, H, K] when there are as many key/value heads
 as query heads. A tied lm_head is not a tensor (the embedding table serves).
 
-Loading reads and places one tensor at a time (`jax.device_put` with the leaf's sharding), so
-the host holds one tensor beyond the placed model; saving reads one leaf per written tensor.
+Loading maps the files and places one leaf at a time (`_place`): a tensor stored as xlt holds it
+is a view of the file (on a CPU, the parameter itself); any other is copied once, transposed and
+cast, into the parameter's buffer, its file pages dropped as they are copied, so the host holds
+the model plus a few chunks. Saving reads one leaf per written tensor.
 """
 
 from __future__ import annotations
@@ -256,7 +258,7 @@ def _place(cfg, leaf, m: Map, arrays: list, shape: tuple[int, ...], where, mappe
       jax.block_until_ready(x)
       mapped.release(arrays[0])
     return x
-  host = tensor_files.aligned_empty(shape, dtype, placement.ALIGN)
+  host = placement.host_buffer(shape, dtype)
   inner = host[tuple(slice(0, n) for n in stored)]
   if inner.shape != host.shape:  # the vocabulary padding: zero rows no logit shows
     host[...] = 0
