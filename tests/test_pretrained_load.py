@@ -127,3 +127,14 @@ def test_vocab_padding_follows_the_rules():
   assert pretrained.vocab_padding(50257, mesh) == 3
   assert pretrained.vocab_padding(64, mesh) == 0
   assert pretrained.vocab_padding(50257, mesh, {**dict(sharding.DEFAULT_RULES), "vocab": None}) == 0
+
+
+def test_pad_vocab_of_loaded_params_equals_a_padded_load(tmp_path):
+  path = _odd_vocab_model(tmp_path, "llama")
+  mesh = sharding.make_mesh({"data": 2, "tensor": 4})
+  cfg, params = pretrained.pad_vocab(*pretrained.load(path), mesh)
+  cfg8, sharded = pretrained.load(path, mesh=mesh)
+  assert cfg == cfg8
+  for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(sharded)):
+    assert x.shape == y.shape and np.array_equal(np.asarray(x), np.asarray(y))
+  assert pretrained.pad_vocab(cfg, params, mesh)[0] == cfg  # padded once

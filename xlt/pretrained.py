@@ -29,6 +29,7 @@ import math
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from xlt import hf_sizes
@@ -229,6 +230,18 @@ def vocab_padding(vocab: int, mesh, rules=sharding.DEFAULT_RULES) -> int:
   axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
   shards = math.prod(dict(mesh.shape).get(a, 1) for a in axes)
   return -vocab % shards
+
+
+def pad_vocab(cfg: model.Config, params, mesh, rules=sharding.DEFAULT_RULES):
+  """(cfg, params) with the embedding and head padded as `load(mesh=...)` pads them, for params
+  loaded without a mesh and placed on one later (decode.place, training's sharding)."""
+  pad = vocab_padding(cfg.vocab_size, mesh, rules) if not cfg.vocab_padding else 0
+  if not pad:
+    return cfg, params
+  out = dict(params, wte=dict(params["wte"], embedding=jnp.pad(params["wte"]["embedding"], ((0, pad), (0, 0)))))
+  if "lm_head" in params:
+    out["lm_head"] = dict(params["lm_head"], kernel=jnp.pad(params["lm_head"]["kernel"], ((0, 0), (0, pad))))
+  return dataclasses.replace(cfg, vocab_padding=pad), out
 
 
 def _unpadded(cfg: model.Config, leaf: tuple, shape: tuple[int, ...]) -> tuple[int, ...]:
