@@ -93,6 +93,10 @@ class Config:
   sliding_layers: tuple[int, ...] | None = None
   query_pre_attn_scalar: float | None = None  # Gemma 2: scores scale by this ** -0.5, not head_dim's
   param_dtype: str = "float32"
+  # Rows the embedding (and columns the head) has beyond vocab_size: ids no token has, added
+  # so that a mesh's tensor axis divides the table (xlt.pretrained.load pads so, as MaxText
+  # does); the logits are cut back to vocab_size, so nothing downstream sees them.
+  vocab_padding: int = 0
   # ---- how it runs (the same values): the attention kernel (xlt.attention: "auto" is xlt's
   # own on a CPU, cuDNN on a GPU, splash on a TPU), and activation rematerialisation
   # ("block": each Block's activations are recomputed in the backward pass, keeping only what
@@ -109,6 +113,8 @@ class Config:
     for f in ("vocab_size", "block_size", "num_layers", "num_heads", "d_model", "mlp_ratio"):
       if getattr(self, f) <= 0:
         raise ValueError(f"model.{f} must be positive, got {getattr(self, f)}")
+    if self.vocab_padding < 0:
+      raise ValueError(f"model.vocab_padding must be >= 0, got {self.vocab_padding}")
     if self.head_dim is None and self.d_model % self.num_heads:
       raise ValueError(f"model.d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
     if self.pos_embedding not in ("learned", "rope"):
@@ -330,7 +336,7 @@ class GPT(nn.Module):
   def __call__(self, tokens_BxT, cache=None, pos=0, valid_BxT=None):
     c, dt, pdt = self.cfg, jnp.dtype(self.cfg.dtype), jnp.dtype(self.cfg.param_dtype)
     pad, cache_valid_BxS = _padding(tokens_BxT, cache, pos, valid_BxT)
-    wte = nn.Embed(c.vocab_size, c.d_model, name="wte", embedding_init=_init(("vocab", "embed")), param_dtype=pdt)
+    wte = nn.Embed(c.vocab_size + c.vocab_padding, c.d_model, name="wte", embedding_init=_init(("vocab", "embed")), param_dtype=pdt)
     x_BxTxD = wte(tokens_BxT)
     if c.pos_embedding == "learned":
       wpe = self.param("wpe", _init(("pos", "embed")), (c.block_size, c.d_model), pdt)
@@ -356,8 +362,9 @@ class GPT(nn.Module):
       x_BxTxD, emb_VxD = nn.dtypes.promote_dtype(x_BxTxD, wte.embedding)
       logits_BxTxV = matmul.dense(x_BxTxD, emb_VxD.T, (((x_BxTxD.ndim - 1,), (0,)), ((), ())))
     else:
-      logits_BxTxV = layers.dense(c, c.vocab_size, "lm_head", ("embed", "vocab"), use_bias=False)(x_BxTxD)
-    logits_BxTxV = logits_BxTxV.astype(jnp.float32)
+      logits_BxTxV = layers.dense(c, c.vocab_size + c.vocab_padding, "lm_head", ("embed", "vocab"),
+                                  use_bias=False)(x_BxTxD)
+    logits_BxTxV = logits_BxTxV[..., :c.vocab_size].astype(jnp.float32)
     if c.final_logit_softcap:
       logits_BxTxV = jnp.tanh(logits_BxTxV / c.final_logit_softcap) * c.final_logit_softcap
     if isinstance(cache, PaddedCache):

@@ -15,8 +15,10 @@ their layout. torch's Linear weights are [out, in] and become xlt's [in, out...]
 q, k and v stack into xlt's fused qkv kernel [D, 3, H, K] when there are as many key/value heads
 as query heads. A tied lm_head is not a tensor (the embedding table serves).
 
-Loading reads and places one tensor at a time (`jax.device_put` with the leaf's sharding), so
-the host holds one tensor beyond the placed model; saving reads one leaf per written tensor.
+Loading maps the files and places one leaf at a time (`_place`): a tensor stored as xlt holds it
+is a view of the file (on a CPU, the parameter itself); any other is copied once, transposed and
+cast, into the parameter's buffer, its file pages dropped as they are copied, so the host holds
+the model plus a few chunks. Saving reads one leaf per written tensor.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from xlt import model
 from xlt import param_paths as paths
 from xlt import sharding
 from xlt.families import BY_NAME, Map, of_config, of_config_json
-from xlt.io import hf_dir
+from xlt.io import hf_dir, placement, tensor_files
 
 FAMILIES = tuple(BY_NAME)  # xlt.families' records, in detection order
 ARCHITECTURES = {name: f.architecture for name, f in BY_NAME.items()}
@@ -107,23 +109,6 @@ def _hf_shape(m: Map, shape: tuple[int, ...]) -> tuple[int, ...]:
   return (cols, rows) if m.layout == "linear" else (rows, cols)
 
 
-def _to_xlt(m: Map, arrays: list, shape: tuple[int, ...]):
-  """The xlt leaf from its Hugging Face tensors (numpy or jax arrays alike)."""
-  if m.stack is not None:
-    one = shape[:m.stack] + shape[m.stack + 1:]
-    return jnp.stack([_to_xlt(dataclasses.replace(m, stack=None), [a], one) for a in arrays], axis=m.stack)
-  a = arrays[0]
-  return (a.T if m.layout == "linear" and m.num_in else a).reshape(shape)
-
-
-@functools.lru_cache(maxsize=None)
-def _placer(m: Map, shape: tuple[int, ...], dtype: str, sharding_or_none):
-  """A compiled function from a leaf's Hugging Face tensors (on the device) to the leaf in its
-  dtype and sharding: XLA transposes in blocks, over every core, several times as fast as
-  numpy's strided copy. One compilation per kind of leaf: every block shares it."""
-  return jax.jit(lambda *hf: _to_xlt(m, list(hf), shape).astype(dtype), out_shardings=sharding_or_none)
-
-
 def _to_hf(m: Map, x: np.ndarray) -> list[np.ndarray]:
   if m.stack is not None:
     one = dataclasses.replace(m, stack=None)
@@ -157,9 +142,31 @@ def _file_dtype(tensors: dict) -> str:
   return names.pop() if len(names) == 1 else "float32"
 
 
+@functools.lru_cache(maxsize=16)
+def _one_block(cfg: model.Config):
+  """(shapes, logical axes) of a one-block model of `cfg`: every block of a model has the same
+  parameters (windows and layer indices change no shape), so block_0 stands for each, and
+  tracing one block instead of all of them takes a large model's shapes in a fraction of the
+  time. tests/test_pretrained.py checks the result against the whole model's."""
+  one = dataclasses.replace(cfg, num_layers=1, sliding_window=0, sliding_layers=None)
+  shapes = jax.eval_shape(lambda: model.init_params(one, jax.random.key(0)))
+  return shapes, model.logical_axes(one)
+
+
+def _per_layer(cfg: model.Config, tree: dict) -> dict:
+  return {k: v for k, v in tree.items() if k != "block_0"} | {f"block_{i}": tree["block_0"]
+                                                               for i in range(cfg.num_layers)}
+
+
 def _leaf_shapes(cfg: model.Config) -> dict:
-  shapes = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
+  """{leaf path: shape} of `cfg`'s parameters."""
+  shapes = _per_layer(cfg, _one_block(cfg)[0])
   return {paths.path_names(p): tuple(s.shape) for p, s in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+
+
+def _leaf_axes(cfg: model.Config):
+  """model.logical_axes(cfg), from one block."""
+  return _per_layer(cfg, _one_block(cfg)[1])
 
 
 def _nest(flat: dict) -> dict:
@@ -177,7 +184,10 @@ def load(path: str, *, mesh=None, rules=None, dtype: str | None = None):
 
   mesh / rules: place each parameter with its sharding (xlt.sharding.param_shardings of
     model.logical_axes; rules default to sharding.DEFAULT_RULES) as it is read; without a mesh,
-    on the default device. The params have no ensemble axis.
+    on the default device. The params have no ensemble axis. When the mesh's share of the
+    vocabulary axis does not divide the vocabulary (GPT-2's 50257 over tensor=2), the
+    embedding and head are padded with zero rows up to a multiple (cfg.vocab_padding, as
+    MaxText pads), which the logits never show and `save` cuts off.
   dtype: float32, bfloat16 or float16 for the parameters and the computation; default the
     checkpoint's.
   Every tensor's shape is checked against the config; a tensor the model does not use (besides
@@ -185,6 +195,8 @@ def load(path: str, *, mesh=None, rules=None, dtype: str | None = None):
   hf, tensors = hf_dir.read_model_dir(path)
   hf_sizes.check(hf, tensors, path)  # before any shape is built from config.json
   cfg = config_from_hf(hf, dtype=dtype or _file_dtype(tensors))
+  if mesh is not None:
+    cfg = dataclasses.replace(cfg, vocab_padding=vocab_padding(cfg.vocab_size, mesh, rules or sharding.DEFAULT_RULES))
   family, shapes = family_of(hf), _leaf_shapes(cfg)
   maps = table(cfg, family, shapes)
   used = {n for m in maps.values() for n in m.names}
@@ -194,29 +206,94 @@ def load(path: str, *, mesh=None, rules=None, dtype: str | None = None):
   if extra:
     raise ValueError(f"{path}: tensor {extra[0]} is not a parameter of this {family} config "
                      f"({len(extra)} such tensor(s))")
-  flat_shardings = None
+  wheres = dict.fromkeys(shapes)
   if mesh is not None:
-    specs = sharding.param_shardings(model.logical_axes(cfg), mesh, rules or sharding.DEFAULT_RULES, ensemble=False)
-    flat_shardings = {paths.path_names(p): s for p, s in jax.tree_util.tree_flatten_with_path(specs)[0]}
-  out = {}
-  for leaf, m in maps.items():
-    arrays = [_tensor(tensors, n, path) for n in m.names]
-    want = _hf_shape(m, shapes[leaf])
-    for n, a in zip(m.names, arrays):
-      if tuple(a.shape) != want:
-        raise ValueError(f"tensor {n}: expected shape {list(want)} (for xlt's {paths.path_str(leaf)} "
-                         f"{list(shapes[leaf])}), found {list(a.shape)}")
-    # each tensor read into an aligned buffer (tensor_files.LazyTensor), which device_put on a CPU
-    # takes without a copy; the placer's output is the leaf's only other copy
-    where = flat_shardings[leaf] if mesh is not None else None
-    if m.stack is None and not (m.layout == "linear" and m.num_in) and arrays[0].dtype == cfg.param_dtype:
-      out[leaf] = jax.device_put(np.asarray(arrays[0]).reshape(shapes[leaf]), where)  # as stored
-      continue
-    hf_arrays = [jax.device_put(np.asarray(a)) for a in arrays]
-    kind = dataclasses.replace(m, names=("",) * len(m.names))  # the layout, not the names
-    out[leaf] = _placer(kind, tuple(shapes[leaf]), cfg.param_dtype, where)(*hf_arrays).block_until_ready()
-    del hf_arrays  # before the next read: one leaf's two copies at a time
+    specs = sharding.param_shardings(_leaf_axes(cfg), mesh, rules or sharding.DEFAULT_RULES, ensemble=False)
+    wheres = {paths.path_names(p): s for p, s in jax.tree_util.tree_flatten_with_path(specs)[0]}
+  out, mapped = {}, tensor_files.Mapped()
+  with placement.Copier() as copier:
+    for leaf, m in maps.items():
+      arrays = [_tensor(tensors, n, path) for n in m.names]
+      want = _hf_shape(m, _unpadded(cfg, leaf, shapes[leaf]))
+      for n, a in zip(m.names, arrays):
+        if tuple(a.shape) != want:
+          raise ValueError(f"tensor {n}: expected shape {list(want)} (for xlt's {paths.path_str(leaf)} "
+                           f"{list(shapes[leaf])}), found {list(a.shape)}")
+      out[leaf] = _place(cfg, leaf, m, arrays, shapes[leaf], wheres[leaf], mapped, copier)
   return cfg, _nest(out)
+
+
+def vocab_padding(vocab: int, mesh, rules=sharding.DEFAULT_RULES) -> int:
+  """The rows to add to a `vocab`-row embedding (and head) so that the mesh axes `rules` put
+  the vocabulary on divide it: 0 when they already do."""
+  axes = dict(rules).get("vocab")
+  axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  shards = math.prod(dict(mesh.shape).get(a, 1) for a in axes)
+  return -vocab % shards
+
+
+def pad_vocab(cfg: model.Config, params, mesh, rules=sharding.DEFAULT_RULES):
+  """(cfg, params) with the embedding and head padded as `load(mesh=...)` pads them, for params
+  loaded without a mesh and placed on one later (decode.place, training's sharding)."""
+  pad = vocab_padding(cfg.vocab_size, mesh, rules) if not cfg.vocab_padding else 0
+  if not pad:
+    return cfg, params
+  out = dict(params, wte=dict(params["wte"], embedding=jnp.pad(params["wte"]["embedding"], ((0, pad), (0, 0)))))
+  if "lm_head" in params:
+    out["lm_head"] = dict(params["lm_head"], kernel=jnp.pad(params["lm_head"]["kernel"], ((0, 0), (0, pad))))
+  return dataclasses.replace(cfg, vocab_padding=pad), out
+
+
+def _unpadded(cfg: model.Config, leaf: tuple, shape: tuple[int, ...]) -> tuple[int, ...]:
+  """The shape of `leaf` without the vocabulary padding: what the checkpoint holds."""
+  if cfg.vocab_padding and leaf == ("wte", "embedding"):
+    return (shape[0] - cfg.vocab_padding,) + tuple(shape[1:])
+  if cfg.vocab_padding and leaf == ("lm_head", "kernel"):
+    return tuple(shape[:-1]) + (shape[-1] - cfg.vocab_padding,)
+  return tuple(shape)
+
+
+def _place(cfg, leaf, m: Map, arrays: list, shape: tuple[int, ...], where, mapped, copier):
+  """One leaf on its device(s) from its Hugging Face tensors `arrays`. A tensor stored as the
+  leaf is (same layout and dtype, 64-byte aligned in its file) is handed to jax as a view of
+  the mapped file: on a CPU without a mesh that is the parameter, with no copy at all (as
+  transformers maps its tensors). Any other is copied once, transposed and cast on the way,
+  into an aligned host buffer, in chunks over every core (placement.Copier), each chunk's file
+  pages dropped once copied; that buffer is the parameter on a CPU, or what the devices' shards
+  are copied from."""
+  dtype, stored = np.dtype(cfg.param_dtype), _unpadded(cfg, leaf, shape)
+  views = [mapped.view(a) for a in arrays]
+  transposed = m.layout == "linear" and m.num_in
+  if (m.stack is None and not transposed and stored == tuple(shape) and views[0].dtype == dtype and
+      views[0].ctypes.data % placement.ALIGN == 0):
+    x = jax.device_put(views[0].reshape(shape), where)
+    if not placement.aliases(x, views[0]):
+      jax.block_until_ready(x)
+      mapped.release(arrays[0])
+    return x
+  host = placement.host_buffer(shape, dtype)
+  inner = host[tuple(slice(0, n) for n in stored)]
+  if inner.shape != host.shape:  # the vocabulary padding: zero rows no logit shows
+    host[...] = 0
+  jobs = []
+  for i, (a, v) in enumerate(zip(arrays, views)):
+    member = inner if m.stack is None else inner[(slice(None),) * m.stack + (i,)]
+    jobs.append((_dst_2d(m, member), v.reshape(v.shape[0], -1) if v.ndim else v.reshape(1, 1),
+                 transposed, functools.partial(mapped.release, a)))
+  copier.run(jobs)
+  x = jax.device_put(host, where)
+  if not placement.aliases(x, host):
+    jax.block_until_ready(x)
+  return x
+
+
+def _dst_2d(m: Map, member: np.ndarray) -> np.ndarray:
+  """`member` (one Hugging Face tensor's part of the leaf) as the 2-D view the tensor's rows
+  (or, for a torch Linear, columns) are copied into, without a copy."""
+  shape = (math.prod(member.shape[:m.num_in]), math.prod(member.shape[m.num_in:])) if m.num_in else (member.size, 1)
+  view = member.view()
+  view.shape = shape  # raises rather than copy: every table's member is a reshapable view
+  return view
 
 
 def abstract(path: str, *, dtype: str | None = None):
@@ -226,19 +303,20 @@ def abstract(path: str, *, dtype: str | None = None):
   hf, tensors = hf_dir.read_model_dir(path)
   hf_sizes.check(hf, tensors, path)
   cfg = config_from_hf(hf, dtype=dtype or _file_dtype(tensors))
-  return cfg, jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
+  return cfg, _per_layer(cfg, _one_block(cfg)[0])
 
 
 class _HfTensor:
   """One Hugging Face tensor of an xlt leaf, computed when written (np.asarray), so a save
   holds one leaf on the host at a time."""
 
-  def __init__(self, m: Map, leaf, index: int, shape: tuple[int, ...]):
-    self.m, self.leaf, self.index, self.shape = m, leaf, index, shape
+  def __init__(self, m: Map, leaf, index: int, shape: tuple[int, ...], stored: tuple[int, ...]):
+    self.m, self.leaf, self.index, self.shape, self.stored = m, leaf, index, shape, stored
     self.dtype = np.dtype(leaf.dtype)
 
   def __array__(self, dtype=None, copy=None):
-    x = _to_hf(self.m, np.asarray(self.leaf))[self.index]
+    x = np.asarray(self.leaf)[tuple(slice(0, n) for n in self.stored)]  # without the vocabulary padding
+    x = _to_hf(self.m, x)[self.index]
     return x if dtype is None else x.astype(dtype)
 
 
@@ -252,8 +330,9 @@ def hf_tensors(cfg: model.Config, params, family: str) -> dict:
                      f"{list(flat[bad].shape) if bad in flat else 'missing'} (one model's params, no ensemble axis)")
   out = {}
   for leaf, m in table(cfg, family, shapes).items():
+    stored = _unpadded(cfg, leaf, shapes[leaf])
     for i, name in enumerate(m.names):
-      out[name] = _HfTensor(m, flat[leaf], i, _hf_shape(m, shapes[leaf]))
+      out[name] = _HfTensor(m, flat[leaf], i, _hf_shape(m, stored), stored)
   return out
 
 
@@ -276,7 +355,7 @@ def save(cfg: model.Config, params, out_dir: str, *, hf_config: dict | None = No
   out_dtype = str(dtype or cfg.param_dtype)
   config = config_to_hf(cfg, family, base)  # write_model_dir sets its dtype (and torch_dtype) to the tensors'
   back = config_from_hf(config, dtype=cfg.param_dtype)
-  mine = _normal(dataclasses.replace(cfg, dtype=cfg.param_dtype))
+  mine = _normal(dataclasses.replace(cfg, dtype=cfg.param_dtype, vocab_padding=0))  # save cuts the padding
   if _normal(back) != mine:
     diff = [f.name for f in dataclasses.fields(mine) if getattr(mine, f.name) != getattr(_normal(back), f.name)]
     raise ValueError(f"this config is not a {family} model: {', '.join(diff)} differ from what its config.json "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import json
+import mmap
 import os
 import struct
 
@@ -96,6 +97,43 @@ def aligned_empty(shape, dtype, alignment: int = 64) -> np.ndarray:
   return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
+class Mapped:
+  """The safetensors files of one read, memory-mapped copy-on-write (MAP_PRIVATE, so nothing
+  written through a view ever reaches the file), each once: `view` gives a tensor's bytes as
+  a numpy array without a copy, `release` drops its pages from this process's resident set
+  once they have been copied elsewhere (they stay in the page cache). Sizes come from the
+  headers `load` checked against each file's size; a file that shrank since is a ValueError."""
+
+  def __init__(self):
+    self.maps = {}
+
+  def view(self, x: LazyTensor) -> np.ndarray:
+    if x.offset is None:
+      raise ValueError(f"{x.file}: tensor {x.name} has no known offset to map")
+    if not x.nbytes:
+      return np.zeros(x.shape, x.dtype)
+    mm = self.maps.get(x.file)
+    if mm is None:
+      with open(x.file, "rb") as f:
+        mm = self.maps[x.file] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    if x.offset + x.nbytes > len(mm):
+      raise ValueError(f"{x.file}: tensor {x.name} could not be read (file truncated: it ends at byte "
+                       f"{x.offset + x.nbytes}, the file has {len(mm)})")
+    return np.frombuffer(mm, x.dtype, x.size, x.offset).reshape(x.shape)
+
+  def release(self, x: LazyTensor, begin: int = 0, end: int | None = None) -> None:
+    """Drops the whole pages of bytes [begin, end) of `x` from the resident set (a later
+    view reads them from the file again)."""
+    mm = self.maps.get(x.file)
+    if mm is None or x.offset is None:
+      return
+    page = mmap.PAGESIZE
+    start = -(-(x.offset + begin) // page) * page
+    stop = (x.offset + (x.nbytes if end is None else end)) // page * page
+    if stop > start:
+      mm.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
+
 def checkpoint_files(path: str) -> list[str]:
   """The .safetensors files of a checkpoint: `path` itself, or every one in a directory."""
   if os.path.isdir(path):
@@ -143,8 +181,12 @@ def load(path: str, *, lazy: bool = True, nested: bool = False) -> dict:
         raise ValueError(f"{file}: tensor {name} has dtype {info['dtype']}, which numpy cannot hold")
       if name in tree:
         raise ValueError(f"tensor {name} appears in two files of {path}")
-      tree[name] = LazyTensor(file, name, info["shape"], _DTYPES[info["dtype"]],
-                              data_start + int(info["data_offsets"][0]))
+      tree[name] = x = LazyTensor(file, name, info["shape"], _DTYPES[info["dtype"]],
+                                  data_start + int(info["data_offsets"][0]))
+      begin, end = (int(o) for o in info["data_offsets"])
+      if not 0 <= begin <= end or end - begin != x.nbytes or min(x.shape, default=1) < 0:
+        raise ValueError(f"{file}: tensor {name}'s data_offsets [{begin}, {end}] do not hold its shape "
+                         f"{list(x.shape)} of {info['dtype']} ({x.nbytes} bytes)")
   if not lazy:
     tree = {k: np.asarray(v) for k, v in tree.items()}
   return _nest(tree) if nested else tree
