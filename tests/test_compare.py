@@ -58,3 +58,17 @@ def test_machine_names_the_widest_vector_isa(tmp_path):
   info.write_text("model name\t: Old CPU\nflags\t\t: fpu sse4_2 avx avx2\n")
   assert compare.machine(str(info))["isa"] == "avx2"
   assert compare.machine(str(tmp_path / "missing"))["isa"] == "unknown"
+
+
+def test_schema_rows_pair_each_round_and_take_medians():
+  jobs = [{"name": "graph_29", "kind": "train", "label": "graph 29"},
+          {"name": "decode", "kind": "decode", "batch": 4, "prompt": 3, "new": 2}]
+  res = lambda tps, new: {"results": {"graph_29": {"tokens_per_s": tps}, "decode": {"new_tokens_per_s": new}}}
+  report = {"jobs": jobs, "rounds": [{"xlt": res(300.0, 10.0), "torch": res(200.0, 20.0)},
+                                     {"xlt": res(100.0, 30.0), "torch": res(100.0, 10.0)},
+                                     {"xlt": res(200.0, 20.0), "torch": res(50.0, 20.0)}]}
+  rows = compare_table.schema_rows(report)
+  assert len(rows[0]) == len(compare_table.SCHEMA_COLUMNS)
+  # ratios per round 1.5, 1.0, 4.0: median 1.5, not the ratio of the medians (200 / 100)
+  assert rows[0] == ["graph 29", 200.0, 100.0, 1.5, 1.0, 4.0]
+  assert rows[1] == ["greedy decoding, batch 4, 3 + 2 tokens: new tokens/s", 20.0, 20.0, 1.0, 0.5, 3.0]
