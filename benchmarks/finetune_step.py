@@ -3,7 +3,8 @@
 
   PY=/work/venvs/fusion/bin/python   # a venv with torch, transformers, peft and xlt
   $PY benchmarks/finetune_step.py --shapes=tiny,small --out=results/benchmarks/finetune_step.json
-  $PY benchmarks/finetune_step.py --shapes=medium --out=results/benchmarks/finetune_step_medium.json
+  $PY benchmarks/finetune_step.py --shapes=medium --rounds=2 --out=results/benchmarks/finetune_step_medium.json
+  $PY benchmarks/finetune_step.py --shapes=small --modes=full --xlt_mesh=one --out=/tmp/ft_one.json  # 1 device
   $PY benchmarks/finetune_step.py --quick --shapes=tiny --out=/tmp/ft.json      # smoke test
 
 Runs where torch, transformers, peft and xlt are installed together. Both tools start from the
@@ -13,7 +14,7 @@ read by xlt through `xlt.pretrained.load` and by PyTorch through `from_pretraine
 
   tiny   hidden 256, 4 layers, 8 heads, 2 key/value heads, MLP 704, vocab 8000; batch 8 x 128
   small  hidden 512, 6 layers, 8 heads, 4 key/value heads, MLP 1408, vocab 32000; batch 4 x 256
-  medium hidden 1024, 4 layers, 16 heads, 4 key/value heads, MLP 2816, vocab 16000; batch 4 x 256
+  medium hidden 1024, 4 layers, 16 heads, 4 key/value heads, MLP 2816, vocab 16000; batch 2 x 256
 
 The step: forward, masked next-token cross-entropy (every target counted), backward,
 global-norm clipping at 1.0, AdamW (b1 0.9, b2 0.95, eps 1e-8, weight decay 0.1 on matrices
@@ -71,7 +72,7 @@ SHAPES = {
     "small": dict(config=dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4,
                               intermediate_size=1408, vocab_size=32000), batch=4, seq=256),
     "medium": dict(config=dict(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4,
-                               intermediate_size=2816, vocab_size=16000), batch=4, seq=256),
+                               intermediate_size=2816, vocab_size=16000), batch=2, seq=256),
 }
 MODES = ("full", "lora", "static")
 LORA = dict(rank=8, alpha=16.0)
@@ -131,7 +132,14 @@ def _xlt_state(cfg, tx, mesh, params, mode: str):
   return step, state, sum(x.size for x in jax.tree.leaves(trained))
 
 
-def xlt_child(workdir: str, timing: dict, job: str) -> dict:
+# --xlt_mesh: how xlt spreads the step over a CPU's cores. data: xlt's default (one device per
+# core, the batch split, parameters and the AdamW update replicated on each); fsdp: the same
+# devices with the parameters and optimizer state sharded along `embed` (the update split);
+# one: one device (XLT_CPU_DEVICES=1), XLA's thread pool spreading each op.
+XLT_MESHES = {"data": {"data": -1}, "fsdp": {"fsdp": -1}, "one": {"data": -1}}
+
+
+def xlt_child(workdir: str, timing: dict, job: str, xlt_mesh: str = "data") -> dict:
   import jax
   import ml_collections
   import numpy as np
@@ -141,7 +149,7 @@ def xlt_child(workdir: str, timing: dict, job: str) -> dict:
   shape, mode = job.split("/")
   spec = SHAPES[shape]
   tx = train.make_optimizer(ml_collections.ConfigDict(OPT))
-  mesh = sharding.make_mesh({"data": -1})  # as `python -m xlt.main`: every device
+  mesh = sharding.make_mesh(XLT_MESHES[xlt_mesh])  # data: as `python -m xlt.main`, every device
   cfg, params = pretrained.load(os.path.join(workdir, shape))
   batch = {"tokens": tokens(spec)[None], "loss_mask": np.ones((1, spec["batch"], spec["seq"]), np.float32)}
   step, state, trainable = _xlt_state(cfg, tx, mesh, params, mode)
@@ -210,7 +218,7 @@ def torch_child(workdir: str, timing: dict, job: str) -> dict:
 
 def child_main(a) -> None:
   timing = json.loads(a.timing)
-  result = (xlt_child if a.child == "xlt" else torch_child)(a.workdir, timing, a.job)
+  result = xlt_child(a.workdir, timing, a.job, a.xlt_mesh) if a.child == "xlt" else torch_child(a.workdir, timing, a.job)
   with open(a.child_out, "w") as f:
     json.dump(result, f)
 
@@ -225,7 +233,9 @@ def run_child(tool: str, job: str, a, timing: dict, tmp: str) -> dict:
   cmd = [sys.executable, os.path.abspath(__file__), "--child", tool, "--job", job, "--workdir", a.workdir,
          "--timing", json.dumps(timing), "--child_out", out]
   t0, busy0, own0 = time.perf_counter(), _busy_seconds(), sum(os.times()[2:4])
-  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+  cmd += ["--xlt_mesh", a.xlt_mesh]
+  env = dict(os.environ, **({"XLT_CPU_DEVICES": "1"} if tool == "xlt" and a.xlt_mesh == "one" else {}))
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
   wall = time.perf_counter() - t0
   if proc.returncode:
     sys.exit(f"the {tool} child ({job}) failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -310,7 +320,7 @@ def main(a) -> None:
         title="Loaded Llama training step: xlt against PyTorch eager + transformers (+ peft), tokens/s",
         columns=COLUMNS, rows=rows, wall_s=time.perf_counter() - t_start,
         versions={p: version(p) for p in ("jax", "torch", "transformers", "peft")},
-        notes=(f"{len(report['rounds'])} rounds; xlt on {device}; float32; full fine-tuning, LoRA rank 8 "
+        notes=(f"{len(report['rounds'])} rounds; xlt on {device}, mesh {a.xlt_mesh}; float32; full fine-tuning, LoRA rank 8 "
                "(rsLoRA, alpha 16) on q, k, v, o, gate, up, down, and static: the MLPs trained, the rest frozen. "
                + a.notes).strip(), details=report)
 
@@ -321,11 +331,13 @@ if __name__ == "__main__":
   p.add_argument("--out", default="", help="the results file (docs/speed.md's schema, every measurement in it)")
   p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
   p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+  p.add_argument("--xlt_mesh", choices=XLT_MESHES, default="data",
+                 help="xlt's devices: data (the default mesh), fsdp (parameters sharded), one (one CPU device)")
   p.add_argument("--notes", default="", help="appended to the file's notes (e.g. 'taken on a busy machine')")
   p.add_argument("--rounds", type=int, default=3, help="fresh subprocesses per tool")
-  p.add_argument("--warmup", type=int, default=2, help="untimed steps after the first")
-  p.add_argument("--steps", type=int, default=5, help="timed steps per job and round (at least)")
-  p.add_argument("--min_seconds", type=float, default=4.0, help="more steps (up to 50) until this much is timed")
+  p.add_argument("--warmup", type=int, default=1, help="untimed steps after the first")
+  p.add_argument("--steps", type=int, default=3, help="timed steps per job and round (at least)")
+  p.add_argument("--min_seconds", type=float, default=2.0, help="more steps (up to 50) until this much is timed")
   p.add_argument("--quick", action="store_true", help="1 round, 1 warm-up, 2 timed steps: a smoke test")
   p.add_argument("--child", choices=TOOLS, help=argparse.SUPPRESS)
   p.add_argument("--job", help=argparse.SUPPRESS)
