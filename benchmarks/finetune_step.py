@@ -1,11 +1,11 @@
 """Fine-tuning a loaded Llama: one training step of xlt against PyTorch eager
-(transformers' `LlamaForCausalLM`) on the same weights, full fine-tuning and LoRA, on the CPU.
+(transformers' `LlamaForCausalLM`) on the same weights, full fine-tuning, LoRA and the static frozen-partition step, on the CPU.
 
-  PY=/work/venvs/fusion/bin/python   # a venv with torch, transformers, peft and xlt
+  PY=../peervenv/bin/python   # a venv with torch, transformers, peft and xlt
   $PY benchmarks/finetune_step.py --shapes=tiny,small --out=results/benchmarks/finetune_step.json
   $PY benchmarks/finetune_step.py --shapes=medium --rounds=2 --out=results/benchmarks/finetune_step_medium.json
-  $PY benchmarks/finetune_step.py --shapes=small --modes=full --xlt_mesh=one --out=/tmp/ft_one.json  # 1 device
-  $PY benchmarks/finetune_step.py --quick --shapes=tiny --out=/tmp/ft.json      # smoke test
+  $PY benchmarks/finetune_step.py --shapes=small --modes=full --xlt_mesh=one --out=runs/ft_one.json  # 1 device
+  $PY benchmarks/finetune_step.py --quick --shapes=tiny --out=runs/ft.json      # smoke test
 
 Runs where torch, transformers, peft and xlt are installed together. Both tools start from the
 same files: a seeded random float32 `LlamaForCausalLM` of each shape, written once by

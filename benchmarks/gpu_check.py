@@ -1,7 +1,7 @@
 """The GPU checks of xlt's recipes on pretrained-shaped models, in one short run on one GPU:
 
   python benchmarks/gpu_check.py --out=results/benchmarks/gpu_check.json      # <= 8 minutes on one H100/H200
-  python benchmarks/gpu_check.py --quick --out=/tmp/gpu_dry.json               # dry run: tiny shapes, any CPU
+  python benchmarks/gpu_check.py --quick --out=runs/gpu_dry.json               # dry run: tiny shapes, any CPU
 
 1. attention: a Llama-shaped model (GQA, RoPE, bf16 compute) computed with each attention
    kernel xlt.attention offers on the GPU: cuDNN's fused kernel, XLA's plain softmax, xlt's
