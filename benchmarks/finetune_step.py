@@ -7,7 +7,8 @@
   $PY benchmarks/finetune_step.py --shapes=small --modes=full --xlt_mesh=one --out=runs/ft_one.json  # 1 device
   $PY benchmarks/finetune_step.py --quick --shapes=tiny --out=runs/ft.json      # smoke test
 
-Runs where torch, transformers, peft and xlt are installed together. Both tools start from the
+Runs where torch, transformers, peft and xlt are installed together, and cmeel-mimalloc (`python
+-m xlt.main`'s malloc, xlt.allocator; without it xlt runs on glibc's, slower: the notes say which). Both tools start from the
 same files: a seeded random float32 `LlamaForCausalLM` of each shape, written once by
 transformers' `save_pretrained` under --workdir (kept when already there with the same config),
 read by xlt through `xlt.pretrained.load` and by PyTorch through `from_pretrained`:
@@ -144,7 +145,7 @@ def xlt_child(workdir: str, timing: dict, job: str, xlt_mesh: str = "data") -> d
   import ml_collections
   import numpy as np
 
-  from xlt import pretrained, sharding, train
+  from xlt import allocator, pretrained, sharding, train
 
   shape, mode = job.split("/")
   spec = SHAPES[shape]
@@ -163,6 +164,7 @@ def xlt_child(workdir: str, timing: dict, job: str, xlt_mesh: str = "data") -> d
 
   n = len(jax.devices())
   return {**_timed(run, timing), "trainable_params": int(trainable), "versions": {"jax": jax.__version__},
+          "allocator": allocator.in_use(),
           "device": jax.devices()[0].device_kind + (f" x {n} (batch split over them)" if n > 1 else "")}
 
 
@@ -315,6 +317,7 @@ def main(a) -> None:
     print("| " + " | ".join(str(x) for x in row) + " |")
   if a.out:
     device = report["rounds"][0][jobs[0]]["xlt"]["device"]
+    device += ", malloc " + report["rounds"][0][jobs[0]]["xlt"].get("allocator", "?")
     results_file.write(
         a.out, benchmark=os.path.splitext(os.path.basename(a.out))[0],
         title="Loaded Llama training step: xlt against PyTorch eager + transformers (+ peft), tokens/s",
