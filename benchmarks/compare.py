@@ -7,6 +7,7 @@ ensemble, and greedy decoding.
   python benchmarks/compare.py                      # ~6 min on the 2-core CPU
   python benchmarks/compare.py --quick              # smoke test, about a minute
   python benchmarks/compare.py --rounds 3 --json runs/compare.json
+  python benchmarks/compare.py --rounds 3 --results=results/benchmarks/compare.json   # docs/speed.md's table
   python benchmarks/compare.py --reference          # on a GPU: + reference-size configs and MFU
   python benchmarks/compare.py --one_device         # + xlt on one CPU device (XLT_CPU_DEVICES=1)
 
@@ -62,7 +63,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.compare_table import ENSEMBLE, ONE_DEVICE, table  # noqa: E402  (the report)
+from benchmarks import results_file  # noqa: E402
+from benchmarks.compare_table import ENSEMBLE, ONE_DEVICE, SCHEMA_COLUMNS, schema_rows, table  # noqa: E402
 
 OPT = dict(name="adamw", schedule="cosine", peak_lr=3e-3, warmup_steps=10, total_steps=1000,
            b1=0.9, b2=0.95, weight_decay=0.1, clip=1.0)  # xlt's defaults (configs/common.py)
@@ -406,6 +408,7 @@ def version(pkg: str) -> str:
 
 
 def main(a):
+  t_start = time.perf_counter()
   impls = ["xlt"] + (["torch"] if version("torch") != "not installed" else []) + ([ONE_DEVICE] if a.one_device else [])
   if len(impls) == 1:
     print("PyTorch is not installed (pip install -e '.[bench]'): measuring xlt only.", file=sys.stderr)
@@ -428,6 +431,15 @@ def main(a):
       order = impls if r % 2 == 0 else impls[::-1]
       report["rounds"].append({impl: run_worker(impl, plan_path, tmp, r) for impl in order})
   print(table(report))
+  if a.results:
+    first = report["rounds"][0]
+    results_file.write(
+        a.results, benchmark=os.path.splitext(os.path.basename(a.results))[0],
+        title="xlt's GPT against the same model in PyTorch eager, tokens/s", columns=SCHEMA_COLUMNS,
+        rows=schema_rows(report), wall_s=time.perf_counter() - t_start,
+        versions={k: v for i in first.values() for k, v in i["versions"].items()},
+        notes=(f"{len(report['rounds'])} rounds; xlt on {first['xlt'].get('device', 'cpu')}, allocator "
+               f"{first['xlt']['allocator']}; one AdamW step per shape. " + a.notes).strip(), details=report)
   if a.json:
     os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
     with open(a.json, "w") as f:
@@ -441,6 +453,8 @@ if __name__ == "__main__":
   p.add_argument("--steps", type=int, default=10, help="timed training steps per shape and round")
   p.add_argument("--only", default="", help="comma-separated job names, e.g. graph_29,decode")
   p.add_argument("--json", default="", help="also write every number to this file")
+  p.add_argument("--results", default="", help="write the results file (docs/speed.md's schema) here")
+  p.add_argument("--notes", default="", help="appended to the results file's notes (e.g. 'a busy machine')")
   p.add_argument("--reference", action="store_true",
                  help="also the reference-size addition and text configs (for an accelerator)")
   p.add_argument("--peak_tflops", type=float, default=0.0,

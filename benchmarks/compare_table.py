@@ -143,3 +143,34 @@ def _mfu_lines(report, jobs, get, med) -> list[str]:
               "device for the compute dtype, float32 as TF32):", "",
           "| shape | GFLOP per step | xlt TFLOP/s | xlt MFU | PyTorch TFLOP/s | PyTorch MFU |",
           "|---|---|---|---|---|---|", *rows]
+
+
+SCHEMA_COLUMNS = ["shape", "xlt tok/s", "PyTorch tok/s", "xlt / PyTorch", "lowest round ratio", "highest round ratio"]
+
+
+def schema_rows(report: dict) -> list[list]:
+  """The results file's rows (docs/speed.md's schema, SCHEMA_COLUMNS): per training shape, the
+  ensemble and decoding (new tokens/s, prefill included), each tool's median over rounds and
+  the median of the rounds' paired ratios (each pair measured back to back)."""
+  rounds = report["rounds"]
+
+  def row(label, name, x_key, t_key=None):
+    pairs = [(r["xlt"]["results"][name][x_key], r["torch"]["results"][name][t_key or x_key])
+             for r in rounds if "xlt" in r and "torch" in r]
+    if not pairs:
+      return None
+    ratios = [x / t for x, t in pairs]
+    return [label, round(statistics.median(x for x, _ in pairs), 1), round(statistics.median(t for _, t in pairs), 1),
+            round(statistics.median(ratios), 3), round(min(ratios), 3), round(max(ratios), 3)]
+
+  out = []
+  for name, j in {j["name"]: j for j in report["jobs"]}.items():
+    if j["kind"] == "train":
+      out.append(row(j["label"], name, "tokens_per_s"))
+    elif name == "ensemble":
+      out.append(row(f"{j['label']}: {ENSEMBLE} models, xlt one step, PyTorch separate steps", name, "together",
+                     "separate"))
+    elif name == "decode":
+      out.append(row(f"greedy decoding, batch {j['batch']}, {j['prompt']} + {j['new']} tokens: new tokens/s", name,
+                     "new_tokens_per_s"))
+  return [r for r in out if r]

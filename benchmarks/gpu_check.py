@@ -1,6 +1,7 @@
 """The GPU checks of xlt's recipes on pretrained-shaped models, in one short run on one GPU:
 
-  python benchmarks/gpu_check.py --out=gpu.json [--budget_s=400] [--quick]
+  python benchmarks/gpu_check.py --out=results/benchmarks/gpu_check.json      # <= 8 minutes on one H100/H200
+  python benchmarks/gpu_check.py --quick --out=runs/gpu_dry.json               # dry run: tiny shapes, any CPU
 
 1. attention: a Llama-shaped model (GQA, RoPE, bf16 compute) computed with each attention
    kernel xlt.attention offers on the GPU: cuDNN's fused kernel, XLA's plain softmax, xlt's
@@ -19,10 +20,21 @@
    xlt.memory.estimate.
 3. 8B: a rank-16 LoRA step on a model of Llama 3.1 8B's shape, bf16 parameters, remat per
    block, where the GPU has the memory; its peak against the estimate.
+4. decoding: greedy new tokens/s of the 1B shape (bf16), `xlt.generate.greedy_ids` after a
+   warm-up call of the same shapes, at batch 8 and 64 (128-token prompts, 128 new tokens).
+
+FLOP convention (MFU): model FLOPs per token = 6 N + 12 L H K T, N the parameters the tokens
+are multiplied by (the embedding lookup excluded, the head included; for LoRA the base's
+forward and input-gradient products, 4 N, plus the adapters' 6 N), L layers, H query heads of
+width K, T the sequence: PaLM's count, the whole T x T attention square although causal
+attention needs half; no rematerialisation counted. MFU = those FLOPs / step time / the GPU's
+dense bf16 peak (989 TFLOP/s for H100 and H200 SXM).
 
 Each job runs in its own process (peak memory is per process) under the time left of
---budget_s; every finished job is written to --out at once. Not part of the tests: run it on
-a GPU machine; the figures go to docs/speed.md.
+--budget_s (480 s: the run fits 8 minutes); every finished job is written to --out at once, as
+docs/speed.md's schema (benchmarks/results_file.py: one table, `python -m xlt.report` renders
+it; the attention errors and every raw figure under "details"). `--quick` is a dry run at tiny
+shapes that runs on a CPU as well (tests/test_gpu_check.py runs its pieces).
 """
 
 from __future__ import annotations
@@ -52,8 +64,12 @@ JOBS = {
     "torch full": ("llama-1b", "full", "sdpa", "float32", "none", 8, 2048),
     "torch lora": ("llama-1b", "lora", "sdpa", "bfloat16", "none", 8, 2048),
     "xlt 8b lora": ("llama-8b", "lora", "auto", "bfloat16", "block", 4, 2048),
+    "xlt decode": ("llama-1b", "decode", "auto", "bfloat16", "none", (8, 64), 128),  # batches, prompt = new
     "xlt 8b full": ("llama-8b", "full", "auto", "bfloat16", "block", 2, 2048),  # float32 moments
 }
+DEFAULT_JOBS = ("attention", "xlt full cudnn", "xlt lora cudnn", "xlt 8b lora", "xlt decode", "xlt full xla",
+                "torch full", "torch lora")
+QUICK_BATCH = (8, 64)  # --quick's batch and sequence (8 rows: any CPU device count the tests make divides it)
 QUICK = dict(vocab_size=1024, d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, mlp_dim=256)
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 FLOP/s (SXM)
 OPT = dict(name="adamw", schedule="constant", peak_lr=1e-5, warmup_steps=0, total_steps=100, b1=0.9, b2=0.95,
@@ -160,7 +176,7 @@ def xlt_job(job: tuple, quick: bool, steps: int) -> dict:
 
   shape_name, mode, attention, param_dtype, remat, batch, seq = job
   shape = QUICK if quick else SHAPES[shape_name]
-  batch, seq = (2, 256) if quick else (batch, seq)
+  batch, seq = QUICK_BATCH if quick else (batch, seq)
   cfg = model_config(shape, attention, param_dtype, remat, seq)
   # bf16 parameters trained whole keep Adam's moments in float32 (opt.state_dtype)
   state_dtype = "float32" if mode == "full" and param_dtype == "bfloat16" else ""
@@ -197,6 +213,8 @@ def xlt_job(job: tuple, quick: bool, steps: int) -> dict:
   base = composite.base(one) if composite.is_composite(one) else one
   through = sum(x.size for x in jax.tree.leaves(base)) - shape["vocab_size"] * shape["d_model"] * (
       0 if shape.get("tie_embeddings") else 1)
+  if mode == "lora":  # the frozen base has no weight gradients: 4 N, the adapters 6 N
+    through = (4 * through + 6 * trained) / 6
   return {"device": dev.device_kind, "jax": jax.__version__, "attention": est["setting"]["attention"],
           "state_dtype": state_dtype or param_dtype, "batch": batch, "seq": seq,
           "params": int(sum(x.size for x in jax.tree.leaves(base))), "trained": int(trained),
@@ -213,7 +231,7 @@ def torch_job(job: tuple, quick: bool, steps: int) -> dict:
 
   shape_name, mode, _, param_dtype, _, batch, seq = job
   shape = QUICK if quick else SHAPES[shape_name]
-  batch, seq = (2, 256) if quick else (batch, seq)
+  batch, seq = QUICK_BATCH if quick else (batch, seq)
   config = transformers.LlamaConfig(
       vocab_size=shape["vocab_size"], hidden_size=shape["d_model"], num_hidden_layers=shape["num_layers"],
       num_attention_heads=shape["num_heads"], num_key_value_heads=shape["num_kv_heads"], head_dim=shape["head_dim"],
@@ -265,20 +283,103 @@ def torch_job(job: tuple, quick: bool, steps: int) -> dict:
 # ------------------------------------------------------------------------------- driver
 
 
+def decode_job(job: tuple, quick: bool, steps: int) -> dict:
+  """Greedy new tokens/s at each batch of `job` (the second call of each shape timed)."""
+  import jax
+  import numpy as np
+
+  from xlt import generate
+
+  shape_name, _, attention, param_dtype, _, batches, length = job
+  shape = QUICK if quick else SHAPES[shape_name]
+  length, batches = (16, batches[:1]) if quick else (length, batches)
+  cfg = dataclasses.replace(model_config(shape, attention, param_dtype, "none", 2 * length + 1), dtype=param_dtype)
+  params = random_params(cfg)
+  out = {"device": jax.devices()[0].device_kind, "prompt": length, "new": length}
+  for batch in batches:
+    prompts = np.random.default_rng(0).integers(0, shape["vocab_size"], (batch, length)).tolist()
+    run = lambda: generate.greedy_ids(cfg, params, prompts, max_new=length, batch=batch, stop_ids=())
+    t0 = time.perf_counter()
+    run()
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(max(1, min(steps, 3))):
+      t0 = time.perf_counter()
+      got = run()
+      times.append(time.perf_counter() - t0)
+    out[f"batch {batch}"] = {"first_s": first, "s": statistics.median(times),
+                             "new_tokens_per_s": sum(map(len, got)) / statistics.median(times)}
+  return out
+
+
 def child(name: str, quick: bool, steps: int) -> dict:
   if name == "attention":
     return attention_check(quick)
+  if name == "xlt decode":
+    return decode_job(JOBS[name], quick, steps)
   job = JOBS[name]
   return (torch_job if name.startswith("torch") else xlt_job)(job, quick, steps)
+
+
+COLUMNS = ["job", "xlt step s", "xlt tok/s", "xlt MFU %", "xlt peak GiB", "xlt estimate GiB", "PyTorch step s",
+           "PyTorch MFU %", "xlt / PyTorch"]
+# row label: (xlt job, PyTorch job or None)
+ROWS = {"1B full, cuDNN attention": ("xlt full cudnn", "torch full"),
+        "1B full, XLA attention": ("xlt full xla", "torch full"),
+        "1B LoRA r16": ("xlt lora cudnn", "torch lora"),
+        "8B LoRA r16, remat": ("xlt 8b lora", None),
+        "8B full, remat, float32 moments": ("xlt 8b full", None)}
+
+
+def table_rows(results: dict) -> list[list]:
+  """The results file's rows (COLUMNS) from the finished jobs (raw numbers; None: not measured)."""
+  gib = lambda b: None if b is None else round(b / 2**30, 2)
+  rows = []
+  for label, (xname, tname) in ROWS.items():
+    x, t = results.get(xname, {}), results.get(tname, {}) if tname else {}
+    if "step_s" not in x:
+      continue
+    peak = peak_flops(x.get("device", ""))
+    mfu = lambda r: None if not peak or "step_s" not in r else round(100 * x["model_flops_per_step"] / r["step_s"]
+                                                                     / peak, 1)
+    rows.append([label, round(x["step_s"], 4), round(x["tokens_per_s"], 1), mfu(x), gib(x.get("peak_bytes")),
+                 gib(x.get("estimate_bytes")), round(t["step_s"], 4) if "step_s" in t else None, mfu(t),
+                 round(t["step_s"] / x["step_s"], 3) if "step_s" in t else None])
+  dec = results.get("xlt decode", {})
+  for key, r in dec.items():
+    if key.startswith("batch "):
+      rows.append([f"1B greedy decoding, {key}: new tok/s", round(r["s"], 3), round(r["new_tokens_per_s"], 1),
+                   None, None, None, None, None, None])
+  return rows
+
+
+def write(out: str, results: dict, wall_s: float, quick: bool) -> None:
+  from benchmarks import results_file
+  from xlt import report
+
+  device = next((r["device"] for r in results.values() if isinstance(r, dict) and r.get("device")), "unknown")
+  versions = next(({"jax": r["jax"]} for r in results.values() if isinstance(r, dict) and r.get("jax")), {})
+  versions |= next(({"torch": r["torch"], "transformers": r["transformers"]} for r in results.values()
+                    if isinstance(r, dict) and r.get("torch")), {})
+  att = results.get("attention", {})
+  fused = {k: v.get("cudnn_fmha_in_hlo") for k, v in att.items() if isinstance(v, dict) and "auto" in k}
+  results_file.write(
+      out, benchmark=os.path.splitext(os.path.basename(out))[0],
+      title="One GPU: Llama-shaped steps (bf16 compute), MFU, decoding" + (" (dry run, tiny shapes)" if quick else ""),
+      columns=COLUMNS, rows=table_rows(results), wall_s=wall_s, versions=versions,
+      machine=f"{device} (host: {report.machine()})",
+      notes=("MFU: model FLOPs 6 N + 12 L H K T per token (LoRA: 4 N of the base + 6 N of the adapters; "
+             "benchmarks/gpu_check.py) over the dense bf16 peak. `auto` attention compiled to cuDNN's fused kernel: "
+             + (", ".join(f"{k}: {v}" for k, v in fused.items()) or "not checked") + "."), details=results)
 
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--out", required=True)
-  p.add_argument("--budget_s", type=float, default=400.0)
+  p.add_argument("--budget_s", type=float, default=480.0)
   p.add_argument("--steps", type=int, default=5)
   p.add_argument("--quick", action="store_true", help="tiny shapes (a smoke test of the script)")
-  p.add_argument("--jobs", default="attention," + ",".join(JOBS))
+  p.add_argument("--jobs", default=",".join(DEFAULT_JOBS), help=f"of attention, {', '.join(JOBS)}")
   p.add_argument("--child", default="")
   a = p.parse_args(argv)
   if a.child:
@@ -307,8 +408,9 @@ def main(argv=None):
       results[name] = {"error": f"timed out after {left:.0f} s"}
     results[name]["wall_s"] = time.monotonic() - t0
     print(name, json.dumps(results[name])[:1500], flush=True)
-    with open(a.out, "w") as f:
-      json.dump(results, f, indent=1)
+    write(a.out, results, time.monotonic() - start, a.quick)
+  if os.path.exists(a.out + ".child.json"):
+    os.remove(a.out + ".child.json")
 
 
 if __name__ == "__main__":

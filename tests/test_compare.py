@@ -88,3 +88,17 @@ def test_decode_speed_rows_are_paired_medians():
   without = [{k: v for k, v in r.items() if k != "compiled"} for r in rounds]
   row = dict(zip(columns, bench.summary(without, Args)[1][0]))
   assert row["xlt / eager"] == 2.0 and row["compiled tok/s"] is None and row["xlt / compiled"] is None
+
+
+def test_schema_rows_pair_each_round_and_take_medians():
+  jobs = [{"name": "graph_29", "kind": "train", "label": "graph 29"},
+          {"name": "decode", "kind": "decode", "batch": 4, "prompt": 3, "new": 2}]
+  res = lambda tps, new: {"results": {"graph_29": {"tokens_per_s": tps}, "decode": {"new_tokens_per_s": new}}}
+  report = {"jobs": jobs, "rounds": [{"xlt": res(300.0, 10.0), "torch": res(200.0, 20.0)},
+                                     {"xlt": res(100.0, 30.0), "torch": res(100.0, 10.0)},
+                                     {"xlt": res(200.0, 20.0), "torch": res(50.0, 20.0)}]}
+  rows = compare_table.schema_rows(report)
+  assert len(rows[0]) == len(compare_table.SCHEMA_COLUMNS)
+  # ratios per round 1.5, 1.0, 4.0: median 1.5, not the ratio of the medians (200 / 100)
+  assert rows[0] == ["graph 29", 200.0, 100.0, 1.5, 1.0, 4.0]
+  assert rows[1] == ["greedy decoding, batch 4, 3 + 2 tokens: new tokens/s", 20.0, 20.0, 1.0, 0.5, 3.0]

@@ -180,3 +180,51 @@ def test_readme_results_table_quotes_the_results_files():
     derived = re.sub(r"\([^)]*\)", "", cells[3])  # parenthesised notes (relative changes) are derived
     for x in _numbers(derived):
       assert any(abs(x - y) < 0.006 for y in have), f"README row {config}: {x} is not in its results file"
+
+
+def test_speed_doc_tables_are_the_render_of_the_benchmark_files():
+  # edit a results/benchmarks/*.json without `python -m xlt.report` and this fails
+  assert report.check_speed() is None
+
+
+def test_speed_doc_renders_one_table_per_file_grouped_by_machine(tmp_path):
+  from xlt import speed_doc
+
+  bench = tmp_path / "results" / "benchmarks"
+  bench.mkdir(parents=True)
+  base = {"command": "python benchmarks/x.py", "commit": "abc1234", "date": "2026-01-02", "wall_s": 61.2,
+          "versions": {"jax": "0.10.2"}, "columns": ["shape", "xlt tok/s", "xlt / PyTorch"]}
+  (bench / "a.json").write_text(json.dumps({**base, "benchmark": "a", "title": "Step A", "machine": "CPU 1",
+                                            "rows": [["tiny", 3017.2, 1.034], ["small", 12.34, None]]}))
+  (bench / "b.json").write_text(json.dumps({**base, "benchmark": "b", "title": "Step B", "machine": "CPU 2",
+                                            "rows": [["tiny", 5, 0.5]], "notes": "busy machine"}))
+  (bench / "c.json").write_text(json.dumps({"no": "columns"}))  # another record: not rendered
+  doc = tmp_path / "speed.md"
+  doc.write_text("# Speed\n\nprose kept\n\n" + speed_doc.BEGIN + "\nold\n" + speed_doc.END + "\n\ntail kept\n")
+  assert report.check_speed(str(tmp_path / "results"), str(doc)) is not None  # stale
+  have, want = speed_doc.update(str(bench), str(doc))
+  lines = want.splitlines()
+  assert lines[:3] == ["# Speed", "", "prose kept"] and lines[-1] == "tail kept" and "old" not in lines
+  assert lines.index("## CPU 1") < lines.index("### Step A") < lines.index("## CPU 2") < lines.index("### Step B")
+  assert "| tiny | 3,017 | 1.03 |" in lines and "| small | 12.3 | – |" in lines and "| tiny | 5 | 0.50 |" in lines
+  assert "From `results/benchmarks/a.json` (commit abc1234, date 2026-01-02, 61 s; jax 0.10.2)." in lines
+  assert "busy machine" in lines and "`python benchmarks/x.py`" in lines
+  doc.write_text(want)
+  assert report.check_speed(str(tmp_path / "results"), str(doc)) is None
+
+
+def test_speed_doc_bad_file_is_one_line_and_exit_2(tmp_path):
+  bench = tmp_path / "benchmarks"
+  bench.mkdir()
+  (bench / "bad.json").write_text(json.dumps({"title": "t", "command": "c", "machine": "m",
+                                              "columns": ["a", "b"], "rows": [[1]]}))
+  out = subprocess.run([sys.executable, "-m", "xlt.report", "--results_dir", str(tmp_path / "none"),
+                        "--out", str(tmp_path / "r.md"), "--speed_out", str(tmp_path / "s.md")],
+                       cwd=ROOT, capture_output=True, text=True)
+  assert out.returncode == 0, out.stderr
+  (tmp_path / "none").mkdir()
+  (tmp_path / "none" / "benchmarks").symlink_to(bench)
+  out = subprocess.run([sys.executable, "-m", "xlt.report", "--results_dir", str(tmp_path / "none"),
+                        "--out", str(tmp_path / "r.md"), "--speed_out", str(tmp_path / "s.md")],
+                       cwd=ROOT, capture_output=True, text=True)
+  assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "a row of 1 cells" in out.stderr

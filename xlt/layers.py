@@ -96,7 +96,7 @@ def rope(x_BxTxHxK, pos_T, base: float, scaling: dict | None = None):
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x_BxTxHxK.dtype)
 
 
-def causal_attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p, query_chunks=1, softcap=None):
+def causal_attention(q_BxHxTxK, k_BxGxSxK, v_BxGxSxK, mask_TxS, drop=lambda p: p, query_chunks=1, softcap=None):
   """softmax(q.k + mask) @ v, normalised after the value product (flash attention's order):
   the division then touches [B, H, T, K] instead of [B, H, T, S], and the row maximum is
   outside the gradient (softmax does not depend on it), so the backward pass has no
@@ -108,7 +108,10 @@ def causal_attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop=lambda p: p
   position: the same values, without the masked scores above the diagonal
   (xlt.matmul.causal_query_chunks says how many pay). `softcap` (Gemma 2) replaces the
   scores s by tanh(s / cap) * cap before the mask is added. The mask is [T, S], shared by
-  the rows, or [B, 1, T, S]: each row's own (padding masked too)."""
+  the rows, or [B, 1, T, S]: each row's own (padding masked too). Keys and values may have
+  fewer heads G than the queries H (grouped-query attention: query head h reads key/value
+  head h // (H / G)); they are not repeated (xlt.matmul.attention_scores)."""
+  k_BxHxSxK, v_BxHxSxK = k_BxGxSxK, v_BxGxSxK  # (H = G in the names below: either count works)
   t = q_BxHxTxK.shape[2]
   if query_chunks > 1:
     if k_BxHxSxK.shape[2] != t:
@@ -158,6 +161,21 @@ def _gelu_jvp(primals, tangents):
   t = jnp.tanh(_GELU_C * (x + 0.044715 * x ** 3))
   slope = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _GELU_C * (1 + 3 * 0.044715 * x * x)
   return 0.5 * x * (1 + t), slope * dx
+
+
+@jax.custom_jvp
+def silu(x):
+  """SiLU (x · sigmoid(x), jax.nn.silu's value), with its derivative written out, as `gelu`'s:
+  one expression of x that fuses into the product with the incoming gradient, where autodiff
+  of the product kept sigmoid(x) and x apart (SwiGLU's backward pass over [B, T, F])."""
+  return x * jax.nn.sigmoid(x)
+
+
+@silu.defjvp
+def _silu_jvp(primals, tangents):
+  (x,), (dx,) = primals, tangents
+  s = jax.nn.sigmoid(x)
+  return x * s, s * (1 + x * (1 - s)) * dx
 
 
 class RMSNorm(nn.Module):
@@ -217,7 +235,7 @@ class Mlp(nn.Module):
     if c.mlp == "gelu":
       x_BxTxF = gelu(dense(c, f, "fc", ("embed", "mlp"))(x_BxTxD))
     else:
-      act = jax.nn.silu if c.mlp == "swiglu" else gelu
+      act = silu if c.mlp == "swiglu" else gelu
       x_BxTxF = act(dense(c, f, "gate", ("embed", "mlp"))(x_BxTxD)) * dense(c, f, "up", ("embed", "mlp"))(x_BxTxD)
     x_BxTxD = dense(c, c.d_model, "proj", ("mlp", "embed"), std=out_std)(x_BxTxF)
     return module_dropout(self, c, x_BxTxD)

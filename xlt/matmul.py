@@ -89,21 +89,46 @@ def causal_query_chunks(t: int) -> int:
   return max(1, math.isqrt(t // 32)) if _on_cpu() else 1
 
 
-def attention_scores(q_BxHxTxK, k_BxHxSxK):
-  """q.k per head: [B, H, T, S]."""
+def _grouped(x_BxHxTxN, g: int):
+  """[B, H, T, N] -> [B, G, R·T, N] (R = H / G): query head h = g·R + r becomes rows
+  r·T .. r·T + T - 1 of key/value head g's block, a free reshape."""
+  b, h, t, n = x_BxHxTxN.shape
+  return x_BxHxTxN.reshape(b, g, (h // g) * t, n)
+
+
+def attention_scores(q_BxHxTxK, k_BxGxSxK):
+  """q.k per head: [B, H, T, S]. With fewer key/value heads G than query heads H
+  (grouped-query attention; query head h reads key/value head h // (H / G)), each key/value
+  head's queries are one product [R·T, K] x [K, S]: the keys are never repeated to H heads
+  (transformers' repeat_kv), a copy whose gradient was a further reduction per layer, and the
+  products are R times taller."""
+  h, g = q_BxHxTxK.shape[1], k_BxGxSxK.shape[1]
+  if g != h:
+    b, _, t, _ = q_BxHxTxK.shape
+    return attention_scores(_grouped(q_BxHxTxK, g), k_BxGxSxK).reshape(b, h, t, k_BxGxSxK.shape[2])
   if _on_cpu():
-    return _scores(q_BxHxTxK, k_BxHxSxK)
-  return jnp.einsum("bhtk,bhsk->bhts", q_BxHxTxK, k_BxHxSxK)
+    return _scores(q_BxHxTxK, k_BxGxSxK)
+  return jnp.einsum("bhtk,bhsk->bhts", q_BxHxTxK, k_BxGxSxK)
 
 
-def attention_values(p_BxHxTxS, v_BxHxSxK):
-  """The weights' product with the values, token-major: [B, T, H, K]."""
+def attention_values(p_BxHxTxS, v_BxGxSxK):
+  """The weights' product with the values, token-major: [B, T, H, K]; grouped as
+  `attention_scores` when there are fewer value heads G than weight heads H."""
+  b, h, t, _ = p_BxHxTxS.shape
+  g = v_BxGxSxK.shape[1]
+  if g != h:
+    p_BxGxRTxS = _grouped(p_BxHxTxS, g)
+    if _on_cpu() and t > 1:  # head-major, as _values (below)
+      out_BxGxRTxK = _values_head_major(p_BxGxRTxS, v_BxGxSxK)
+    else:
+      out_BxGxRTxK = jnp.einsum("bhts,bhsk->bhtk", p_BxGxRTxS, v_BxGxSxK)
+    return out_BxGxRTxK.reshape(b, h, t, -1).transpose(0, 2, 1, 3)
   # one query position (a decoding step): the plain product, which XLA:CPU runs well there;
   # with _values's barrier, benchmarks/compare.py's decode job on one core took 31 and 40 ms
   # per new token where it had taken 13-14 (two rounds each, a noisy machine)
-  if _on_cpu() and p_BxHxTxS.shape[2] > 1:
-    return _values(p_BxHxTxS, v_BxHxSxK)
-  return jnp.einsum("bhts,bhsk->bthk", p_BxHxTxS, v_BxHxSxK)
+  if _on_cpu() and t > 1:
+    return _values(p_BxHxTxS, v_BxGxSxK)
+  return jnp.einsum("bhts,bhsk->bthk", p_BxHxTxS, v_BxGxSxK)
 
 
 @jax.custom_vjp
@@ -134,5 +159,19 @@ def _values_bwd(residuals, do_BxTxHxK):
   return dp.astype(p_BxHxTxS.dtype), dv.astype(v_BxHxSxK.dtype)
 
 
+@jax.custom_vjp
+def _values_head_major(p_BxHxTxS, v_BxHxSxK):
+  """`_values` without the final transpose (the grouped path reshapes first)."""
+  return jax.lax.optimization_barrier(jnp.einsum("bhts,bhsk->bhtk", p_BxHxTxS, v_BxHxSxK))
+
+
+def _values_head_major_bwd(residuals, do_BxHxTxK):
+  p_BxHxTxS, v_BxHxSxK = residuals
+  dp = jnp.einsum("bhtk,bhsk->bhts", do_BxHxTxK, v_BxHxSxK)
+  dv = _transposed_product(p_BxHxTxS, do_BxHxTxK)  # p^T do
+  return dp.astype(p_BxHxTxS.dtype), dv.astype(v_BxHxSxK.dtype)
+
+
 _scores.defvjp(lambda q, k: (_scores(q, k), (q, k)), _scores_bwd)
 _values.defvjp(lambda p, v: (_values(p, v), (p, v)), _values_bwd)
+_values_head_major.defvjp(lambda p, v: (_values_head_major(p, v), (p, v)), _values_head_major_bwd)

@@ -274,11 +274,9 @@ class Attention(nn.Module):
       out_BxTxHxK = attention_lib.attend(impl, q_BxHxTxK, k_BxGxSxK.astype(dt), v_BxGxSxK.astype(dt), causal_TxS,
                                          scale=scale, window=self.window, softcap=c.attn_logit_softcap)
       return self._project(out_BxTxHxK), cache
-    if c.kv_heads != c.num_heads:  # query head h reads key/value head h // (H / G), as repeat_kv
-      k_BxHxSxK, v_BxHxSxK = (jnp.repeat(x, c.num_heads // c.kv_heads, axis=1) for x in (k_BxGxSxK, v_BxGxSxK))
-    else:
-      k_BxHxSxK, v_BxHxSxK = k_BxGxSxK, v_BxGxSxK
-    out_BxTxHxK = causal_attention(q_BxHxTxK * scale, k_BxHxSxK.astype(dt), v_BxHxSxK.astype(dt), causal_TxS,
+    # query head h reads key/value head h // (H / G), as repeat_kv, without the repeat
+    # (xlt.matmul.attention_scores)
+    out_BxTxHxK = causal_attention(q_BxHxTxK * scale, k_BxGxSxK.astype(dt), v_BxGxSxK.astype(dt), causal_TxS,
                                    lambda p: _dropout(self, c, p),
                                    # from position 0 (training, scoring, prefill) the mask is lower-triangular
                                    matmul.causal_query_chunks(t) if isinstance(pos, int) and pos == 0 else 1,

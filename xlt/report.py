@@ -1,7 +1,8 @@
 """xlt's measured results as committed files, and the document generated from them.
 
-  python -m xlt.report                    # writes docs/results.md from results/*.json
-  python -m xlt.report --check            # exit 1 (one line) if docs/results.md is out of date
+  python -m xlt.report                    # writes docs/results.md from results/*.json, and
+                                          # docs/speed.md's tables from results/benchmarks/*.json
+  python -m xlt.report --check            # exit 1 (one line) if either is out of date
   python -m xlt.report collect --workdir=runs/graph --config=configs/graph.py --name=graph \
       [--command='python -m xlt.main ...'] [--metric=valid]
 
@@ -39,12 +40,15 @@ import os
 import subprocess
 import sys
 
+from xlt import speed_doc
+
 # the checkout whose results/ and docs/ these are: the one beside the package, else (an installed
 # xlt, with no results/ beside it) the current directory, a checkout of the repository
 _BESIDE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = _BESIDE if os.path.isdir(os.path.join(_BESIDE, "results")) else os.getcwd()
 RESULTS_DIR = os.path.join(ROOT, "results")
 DOC = os.path.join(ROOT, "docs", "results.md")
+SPEED_DOC = os.path.join(ROOT, "docs", "speed.md")  # its tables: xlt.speed_doc
 # the metrics that are fractions (shown in %); each task's headline metric is its kind's declaration
 FRACTIONS = ("valid", "shortest", "exact_match", "any_script")
 BASELINES = ("alone", "low_limited")  # the condition a mixed figure is compared with
@@ -210,6 +214,15 @@ def check(results_dir: str = RESULTS_DIR, doc: str = DOC) -> str | None:
   if have != want:
     return (f"{os.path.relpath(doc, ROOT)} is not the render of {os.path.relpath(results_dir, ROOT)}/*.json: "
             "run `python -m xlt.report`")
+  return None
+
+
+def check_speed(results_dir: str = RESULTS_DIR, doc: str = SPEED_DOC) -> str | None:
+  """None when `doc`'s tables are the render of `results_dir`/benchmarks/*.json, else one line."""
+  have, want = speed_doc.update(os.path.join(results_dir, "benchmarks"), doc)
+  if have != want:
+    return (f"{os.path.relpath(doc, ROOT)}'s tables are not the render of "
+            f"{os.path.relpath(results_dir, ROOT)}/benchmarks/*.json: run `python -m xlt.report`")
   return None
 
 
@@ -451,6 +464,7 @@ def main(argv: list[str]) -> int:
   if command == "render":
     parser.add_argument("--check", action="store_true", help="exit 1 if the document is out of date")
     parser.add_argument("--out", default=DOC)
+    parser.add_argument("--speed_out", default=SPEED_DOC, help="docs/speed.md ('' : leave it alone)")
   else:
     for flag in ("workdir", "config", "name"):
       parser.add_argument(f"--{flag}", required=True)
@@ -463,14 +477,16 @@ def main(argv: list[str]) -> int:
       print(f"wrote {os.path.join(args.results_dir, args.name + '.json')}: {result['headline']}")
       return 0
     if args.check:
-      problem = check(args.results_dir, args.out)
+      problem = check(args.results_dir, args.out) or (args.speed_out and check_speed(args.results_dir, args.speed_out))
       if problem:
         print(problem, file=sys.stderr)
         return 1
       return 0
     _write_text(args.out, render(load(args.results_dir)))
+    if args.speed_out:
+      _write_text(args.speed_out, speed_doc.update(os.path.join(args.results_dir, "benchmarks"), args.speed_out)[1])
     return 0
-  except UserError as e:
+  except (UserError, speed_doc.FileError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
 
