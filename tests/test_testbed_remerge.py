@@ -44,8 +44,8 @@ def test_statistics_settings_and_placeholders():
 @pytest.fixture(scope="module")
 def finished(shrink_testbed, tmp_path_factory):
   """A tiny finished testbed run whose merges include every method of NEW as a row."""
-  c = shrink_testbed(merge_config.get_config())
-  c.num_seeds = 2
+  c = shrink_testbed(merge_config.get_config(), examples=20, tests=8)
+  c.num_seeds, c.partition.presets, c.merge.swaps = 2, ("C",), ("1,1,0",)
   c.merge.extra = NEW
   c.merge.statistics = {"examples": 16, "batch_size": 8, "loss_examples": 8}
   workdir = str(tmp_path_factory.mktemp("run"))
@@ -97,3 +97,10 @@ def test_remerge_rescores_the_run_and_pairs_each_merge(finished, tmp_path):
   assert "old" not in text and text.endswith("after\n") and "| regmean |" in text and "Exploratory" in text
   assert remerge.main([f"--workdir={workdir}", "--merge=no_such_method", f"--out={out}"]) == 2
   assert remerge.main([f"--workdir={workdir}", f"--out={workdir}/x.json"]) == 2
+
+
+def test_docs_rows_are_rendered_from_the_results_file():
+  if not os.path.exists(remerge.RESULTS):
+    pytest.skip("no results file yet")
+  with open(remerge.DOC, encoding="utf-8") as f:
+    assert f.read() == remerge.render(write=False), "run: python -m xlt.experiments.testbed.remerge render"

@@ -11,7 +11,8 @@ loss_mask: position j predicts token j + 1). The statistics are means (over coun
 Gram matrix, over sequences for a Fisher), so experts measured on different amounts of data weigh
 alike. Memory: a Gram matrix
 per kernel ([in, in], float32) beside the model; a Fisher holds B per-sequence gradients at once
-(jax.vmap), so B bounds it.
+(jax.vmap), so B bounds it. With a mesh, each batch is split over its data axes as training's are
+(the parameters replicated): each device holds its share of the B gradients.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
-from xlt import lora
+from xlt import lora, sharding
 from xlt import model as model_lib
 from xlt.paths import XLT, path_names, path_str
 
@@ -68,21 +70,38 @@ def _batch_grams(cfg, params, targets: tuple, tokens_BxT, mask_BxT):
   return found
 
 
-def grams(cfg: model_lib.Config, params, batches, kernels=None) -> dict[str, np.ndarray]:
+def _replicate(params, mesh: Mesh | None):
+  return params if mesh is None else jax.device_put(params, sharding.replicated(mesh))
+
+
+def _place(tokens, mask, mesh: Mesh | None) -> tuple:
+  """(tokens, mask) split over the mesh's data axes (data x fsdp) with the parameters replicated,
+  as training's batches are; rows of mask 0 pad the batch to a multiple of those axes' size, so
+  they count for nothing. The statistics sum over the batch: XLA adds the shards' parts."""
+  if mesh is None:
+    return tokens, mask
+  n = mesh.shape["data"] * mesh.shape["fsdp"]
+  pad = -tokens.shape[0] % n
+  tokens, mask = (jnp.pad(x, ((0, pad),) + ((0, 0),) * (x.ndim - 1)) for x in (tokens, mask))
+  return tuple(jax.device_put(x, sharding.batch_sharding(mesh, x.ndim, ensemble=False)) for x in (tokens, mask))
+
+
+def grams(cfg: model_lib.Config, params, batches, kernels=None, mesh: Mesh | None = None) -> dict[str, np.ndarray]:
   """{kernel path ("block_0/attn/q/kernel"): G} with G = X^T X / tokens, X the inputs the kernel
   saw over `batches` ([tokens, in] float32, the input axes flattened in order; tokens: the
   positions a batch's mask keeps, all without one): what xlt.merge.data_aware.regmean takes per
-  expert. kernels: the kernel paths to measure
-  (default: every attn / mlp kernel, as xlt.lora adapts)."""
+  expert. kernels: the kernel paths to measure (default: every attn / mlp kernel, as xlt.lora
+  adapts). mesh: each batch split over the mesh's data axes, the parameters replicated
+  (`_place`); the same statistics to float rounding."""
   shapes = {path_names(p): tuple(np.shape(x)) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
   targets = tuple(sorted((tuple(k), shapes[tuple(k)]) for k in (kernels if kernels is not None
                                                                 else lora.targets(params))))
-  totals, count = {}, 0
+  params, totals, count = _replicate(params, mesh), {}, 0
   for batch in batches:
     tokens, mask = _split(batch, lambda t: t)
-    for path, g in _batch_grams(cfg, params, targets, tokens, mask).items():
-      totals[path] = totals.get(path, 0.0) + np.asarray(g, np.float64)
     count += float(mask.sum())
+    for path, g in _batch_grams(cfg, params, targets, *_place(tokens, mask, mesh)).items():
+      totals[path] = totals.get(path, 0.0) + np.asarray(g, np.float64)
   if missing := sorted({p for p, _ in targets} - set(totals)):
     raise ValueError(f"no input reached {path_str(missing[0])} (is it a kernel of the model's forward?)")
   return {path_str(p): (g / max(count, 1)).astype(np.float32) for p, g in totals.items()}
@@ -100,23 +119,25 @@ def _sequence_nll(cfg, params, tokens_T, mask_T=None):
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _per_sequence_grads(cfg, params, tokens_BxT, mask_BxT):
-  return jax.vmap(jax.grad(lambda p, t, m: _sequence_nll(cfg, p, t, m)), in_axes=(None, 0, 0))(
+def _batch_fisher(cfg, params, tokens_BxT, mask_BxT):
+  """The sum over the batch's sequences of each parameter's squared per-sequence gradient."""
+  grads = jax.vmap(jax.grad(lambda p, t, m: _sequence_nll(cfg, p, t, m)), in_axes=(None, 0, 0))(
       params, tokens_BxT, mask_BxT)
+  return jax.tree.map(lambda g: jnp.sum(jnp.square(g.astype(jnp.float32)), axis=0), grads)
 
 
-def diagonal_fisher(cfg: model_lib.Config, params, batches):
+def diagonal_fisher(cfg: model_lib.Config, params, batches, mesh: Mesh | None = None):
   """The diagonal empirical Fisher of every parameter: the mean over sequences of the squared
   gradient of the sequence's mean next-token loss (over its mask's targets, when given;
-  `params`' structure, float32): what xlt.merge.data_aware.fisher takes per expert."""
-  per_sequence = functools.partial(_per_sequence_grads, cfg)
+  `params`' structure, float32): what xlt.merge.data_aware.fisher takes per expert. mesh: each
+  batch split over its data axes (`_place`), as for `grams`."""
+  params = _replicate(params, mesh)
   totals, count = None, 0
   for batch in batches:
     tokens, mask = _split(batch, lambda t: t - 1)
-    squared = jax.tree.map(lambda g: np.asarray(jnp.sum(jnp.square(g.astype(jnp.float32)), axis=0), np.float64),
-                           per_sequence(params, tokens, mask))
-    totals = squared if totals is None else jax.tree.map(np.add, totals, squared)
     count += int(tokens.shape[0])
+    squared = jax.tree.map(lambda g: np.asarray(g, np.float64), _batch_fisher(cfg, params, *_place(tokens, mask, mesh)))
+    totals = squared if totals is None else jax.tree.map(np.add, totals, squared)
   if totals is None:
     raise ValueError("diagonal_fisher: no batches")
   return jax.tree.map(lambda t: (t / count).astype(np.float32), totals)

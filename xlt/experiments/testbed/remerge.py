@@ -189,7 +189,39 @@ def section(result: dict) -> str:
     goal = f"{100 * g['mean']:.2f}" + ("" if g["ci95"] is None else f" ± {100 * g['ci95']:.2f}")
     lines.append(f"| {s['merge']} | {goal} | {_diff(s['vs_reference'])} | {_diff(s['vs_best_expert'])} | "
                  f"{s['merge_s']:.1f} |")
-  return "\n".join(lines + ["", END])
+  return "\n".join(lines + ["", *answer(result), END])
+
+
+def same_scores(rows: list[dict]) -> dict[str, str]:
+  """{model: an earlier model with the very same per-seed values on every row}."""
+  by = {}
+  for r in rows:
+    by.setdefault(r["condition"], []).append((r["role"], r["metric"], tuple(r["values"])))
+  out, seen = {}, {}
+  for name, values in by.items():
+    key = tuple(values)
+    if key in seen:
+      out[name] = seen[key]
+    seen.setdefault(key, name)
+  return out
+
+
+def answer(result: dict) -> list[str]:
+  """The question the rows answer (is any merge significantly above the reference or the best
+  expert?), read from the results; then the merges that scored exactly as another."""
+  merges = result["summary"][1:]
+  above = lambda key, holm: [s["merge"] for s in merges if s[key]["sign"] == "+" and (s[key]["holm_rejects"] or not holm)]
+  names = lambda xs: ", ".join(xs) or "none"
+  out = [f"Significantly above {result['reference']} (Holm over the merges): {names(above('vs_reference', True))}; "
+         f"by its unadjusted interval alone: {names(above('vs_reference', False))}. Above the best expert (Holm): "
+         f"{names(above('vs_best_expert', True))}; unadjusted: {names(above('vs_best_expert', False))}. "
+         "merge s: the merge's time summed over the seeds, the data-aware ones with their statistics, in a "
+         "niced process on a shared machine.", ""]
+  same = same_scores(result["rows"])
+  if same := {k: v for k, v in same.items() if k in [s["merge"] for s in merges]}:
+    out += ["Scored exactly as another model on every set and seed: " + "; ".join(
+        f"{k} as {v}" for k, v in same.items()) + ".", ""]
+  return out
 
 
 def render(results: str = RESULTS, doc: str = DOC, write: bool = True) -> str:
