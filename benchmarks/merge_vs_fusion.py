@@ -207,7 +207,7 @@ def main():
               "commit": report.git_commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "wall_s": round(time.time() - start, 1), "machine": report.machine(), "versions": versions(sys.executable),
               "columns": columns, "rows": table,
-              "notes": (f"Inputs: three {size_mib:.0f} MiB float32 Llama-shaped checkpoints (hidden {args.hidden}, "
+              "notes": (f"Inputs: three {size_mib:.1f} MiB float32 Llama-shaped checkpoints (hidden {args.hidden}, "
                         f"{args.layers} layers, vocab {args.vocab}, MLP {args.mlp}); RegMean over {args.examples} random "
                         f"sequences of {args.seq_len} tokens per expert. Median wall time and largest peak RSS of each "
                         "tool's own process over alternating rounds. " + args.notes).strip(),
