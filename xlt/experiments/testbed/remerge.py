@@ -6,7 +6,7 @@ finished run, no claim of a study.
   python -m xlt.experiments.testbed.remerge --workdir=runs/claims_study/depth_6 --stage=finetune_r1 \
       [--merge="tsv_m" --merge="regmean alpha=0.9" ...] [--seeds=N] \
       --out=results/exploratory/merge_methods_depth6.json
-  python -m xlt.experiments.testbed.remerge render [--results=...] [--doc=docs/merge.md]
+  python -m xlt.experiments.testbed.remerge render [--results=FILE ...] [--doc=docs/merge.md]
 
 The workdir is read only (its config.json, base/ and fine-tune stage: xlt.structure.load_run);
 nothing is written there. Per seed the base, the task and language experts, the reference
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import json
 import os
 import shlex
@@ -49,7 +50,7 @@ MERGES = ("tsv_m", "iso_c", "iso_cts", "consensus", "tall_mask expert=0", "magma
           "localize_and_stitch losses='data'", "regmean", "fisher")
 REFERENCE = "task arithmetic λ=1.0"
 SCORED = ("base", "task expert", "language expert")
-RESULTS = os.path.join(report.RESULTS_DIR, "exploratory", "merge_methods_depth6.json")
+RESULTS_GLOB = os.path.join(report.RESULTS_DIR, "exploratory", "merge_methods_*.json")
 DOC = os.path.join(report.ROOT, "docs", "merge.md")
 BEGIN = "<!-- testbed merge rows: written by python -m xlt.experiments.testbed.remerge render; do not edit -->"
 END = "<!-- end of testbed merge rows -->"
@@ -224,15 +225,20 @@ def answer(result: dict) -> list[str]:
   return out
 
 
-def render(results: str = RESULTS, doc: str = DOC, write: bool = True) -> str:
-  """`doc` with its section replaced by the one `results` gives."""
+def render(results=None, doc: str = DOC, write: bool = True) -> str:
+  """`doc` with its section replaced by the one the results files give (`results`, a list of
+  paths; default every RESULTS_GLOB file), ordered by workdir and regime."""
   with open(doc, encoding="utf-8") as f:
     text = f.read()
   if BEGIN not in text or END not in text:
     raise ValueError(f"{doc} has no testbed merge rows markers")
-  with open(results, encoding="utf-8") as f:
-    body = section(json.load(f))
-  new = text[:text.index(BEGIN)] + body + text[text.index(END) + len(END):]
+  found = []
+  for path in results or sorted(glob.glob(RESULTS_GLOB)):
+    with open(path, encoding="utf-8") as f:
+      found.append(json.load(f))
+  found.sort(key=lambda r: (r["workdir"], r.get("regime", 0)))
+  body = "\n\n".join(section(r)[len(BEGIN):-len(END)].strip() for r in found) or "No results yet."
+  new = text[:text.index(BEGIN)] + BEGIN + "\n\n" + body + "\n\n" + END + text[text.index(END) + len(END):]
   if write:
     results_lib.atomic_write(doc, new)
   return new
@@ -242,7 +248,8 @@ def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   p = argparse.ArgumentParser(prog="python -m xlt.experiments.testbed.remerge", description=__doc__.split("\n\n")[0])
   if argv[:1] == ["render"]:
-    p.add_argument("--results", default=RESULTS)
+    p.add_argument("--results", action="append", default=None, help="a results file (repeatable; default: "
+                   "every results/exploratory/merge_methods_*.json)")
     p.add_argument("--doc", default=DOC)
     a = p.parse_args(argv[1:])
     try:
