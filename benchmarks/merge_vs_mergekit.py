@@ -53,7 +53,8 @@ def write_models(root: str, hidden: int, layers: int, vocab: int, mlp: int) -> l
   config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
             "intermediate_size": mlp, "num_hidden_layers": layers, "num_attention_heads": 16,
             "num_key_value_heads": 16, "vocab_size": vocab, "max_position_embeddings": 2048,
-            "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "float32"}
+            "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "float32", "hidden_act": "silu",
+            "rope_theta": 10000.0}
   dirs = [os.path.join(root, n) for n in ("base", "expert_a", "expert_b")]
   if all(_same_config(d, config) for d in dirs):
     return dirs

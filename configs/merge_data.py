@@ -8,10 +8,14 @@ directories, each expert's statistics from forward / backward passes over its ow
 Data files are JSON lines in the SFT reader's formats (xlt/data/sft.py: prompt / completion or
 messages), one per expert in the experts' order, tokenized with the first expert's tokenizer
 (the experts share one) and packed into rows of block_size + 1 tokens; the first max_examples
-rows of each are measured, batch_size at a time. No reference numbers: it writes a model.
+rows of each are measured, batch_size at a time, each batch split over the mesh's data axes
+(`mesh`, as training's: the parameters replicated on each device). No reference numbers: it
+writes a model.
 """
 
 import ml_collections
+
+from configs import common
 
 
 def get_config():
@@ -24,4 +28,5 @@ def get_config():
   c.batch_size = 8
   c.max_examples = 256  # rows of each data file measured
   c.output = "runs/merged_data"
+  c.mesh = common.mesh()  # data=-1: every device takes a share of each batch
   return c

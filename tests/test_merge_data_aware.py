@@ -101,3 +101,41 @@ def test_diagonal_fisher_is_the_mean_squared_per_sequence_gradient():
   merged = registry.merge("fisher", {"experts": [params, _expert(4)]},
                           {"fishers": [fisher, merge_statistics.diagonal_fisher(CFG, _expert(4), BATCHES)]})
   assert jax.tree.structure(merged) == jax.tree.structure(params)
+
+
+def test_masked_statistics_count_only_the_kept_positions():
+  # a causal model: the first 4 positions of a sequence see what they would see alone, so the
+  # statistics over them, masked, equal those of the sequences cut to 4 tokens
+  params, tokens = _expert(5), BATCHES[0]
+  keep = np.zeros(tokens.shape, np.float32)
+  keep[:, :4] = 1
+  masked = merge_statistics.grams(CFG, params, [(tokens, keep)])
+  cut = merge_statistics.grams(CFG, params, [tokens[:, :4]])
+  for k in cut:
+    np.testing.assert_allclose(masked[k], cut[k], rtol=1e-4, atol=1e-6)
+  targets = np.zeros((tokens.shape[0], tokens.shape[1] - 1), np.float32)
+  targets[:, :3] = 1  # the targets of the first 4 tokens
+  for a, b in zip(jax.tree.leaves(merge_statistics.diagonal_fisher(CFG, params, [(tokens, targets)])),
+                  jax.tree.leaves(merge_statistics.diagonal_fisher(CFG, params, [tokens[:, :4]]))):
+    np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-9)
+  with pytest.raises(ValueError, match="the mask must be"):
+    merge_statistics.grams(CFG, params, [(tokens, targets)])
+
+
+def test_statistics_sharded_over_the_mesh_equal_unsharded():
+  # batches of 3 over 8 devices (data 4 x fsdp 2): padded with rows that count for nothing
+  from xlt import sharding
+  assert len(jax.devices()) >= 8
+  mesh = sharding.make_mesh({"data": 4, "fsdp": 2, "tensor": 1, "devices": 8})
+  params = _expert(6)
+  keep = np.ones(BATCHES[1].shape, np.float32)
+  keep[:, -2:] = 0
+  batches = [BATCHES[0], (BATCHES[1], keep)]
+  one, many = merge_statistics.grams(CFG, params, batches), merge_statistics.grams(CFG, params, batches, mesh=mesh)
+  assert set(one) == set(many)
+  for k in one:
+    np.testing.assert_allclose(many[k], one[k], rtol=1e-5, atol=1e-7)
+  fisher_one = merge_statistics.diagonal_fisher(CFG, params, BATCHES)
+  fisher_many = merge_statistics.diagonal_fisher(CFG, params, BATCHES, mesh=mesh)
+  for a, b in zip(jax.tree.leaves(fisher_many), jax.tree.leaves(fisher_one)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-10)

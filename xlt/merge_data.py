@@ -3,7 +3,8 @@ directories, each expert's statistics (xlt.merge_statistics) from its own data f
 (configs/merge_data.py has the command). The merge library (xlt.merge) reads no data and runs no
 model; this is where the two meet, beside training.
 
-It prints an estimate of the memory the statistics take before computing them, then writes the
+Each batch is split over the mesh's data axes (`c.mesh`, as training's), the parameters
+replicated. It prints an estimate of the memory the statistics take before computing them, then writes the
 merged model as a Hugging Face model directory (xlt.pretrained.save, the first expert's config
 and tokenizer) with merge_config.json. A user error is one line on stderr and exit status 2.
 """
@@ -20,7 +21,7 @@ import numpy as np
 from absl import app
 from ml_collections import config_flags
 
-from xlt import hf_tokenizer, lora, merge_statistics, pretrained
+from xlt import hf_tokenizer, lora, merge_statistics, pretrained, sharding
 from xlt.data import sft
 from xlt.io import fileio
 from xlt.io import hf_dir as hf
@@ -61,6 +62,8 @@ def run(c, *, log=print) -> dict:
   if os.path.isdir(c.output) and os.listdir(c.output) and not hf.is_xlt_output(c.output):
     raise ValueError(f"{c.output} is a non-empty directory that xlt did not write; choose another output directory")
   tok = hf_tokenizer.load(experts[0])
+  # the batches split over the mesh's data axes (data x fsdp), the parameters replicated
+  mesh = sharding.make_mesh(c.mesh.to_dict() if hasattr(c.mesh, "to_dict") else dict(c.mesh)) if c.get("mesh") else None
   models, stats, first = [], [], None
   for path, file in zip(experts, data):
     cfg, params = pretrained.load(path)
@@ -72,7 +75,7 @@ def run(c, *, log=print) -> dict:
           f" MiB per expert beside its parameters")
     batches = _batches(file, tok, c)
     compute = merge_statistics.grams if method == "regmean" else merge_statistics.diagonal_fisher
-    stats.append(compute(cfg, params, batches))
+    stats.append(compute(cfg, params, batches, mesh=mesh))
     models.append(jax.tree.map(np.asarray, params))
   merged = registry.merge(method, {"experts": models}, {**options, STATISTICS[method]: stats})
   summary = pretrained.save(first, merged, c.output, source_dir=experts[0],

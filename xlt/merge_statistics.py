@@ -4,11 +4,15 @@ backward passes of xlt's model over token batches:
   grams(cfg, params, batches)            RegMean's Gram matrix of each attn / mlp kernel's inputs
   diagonal_fisher(cfg, params, batches)  Fisher merging's diagonal (empirical) Fisher
 
-Each batch is int tokens [B, T] (no padding: every position counts), run through one expert's
-own parameters; the statistics are means (over tokens for a Gram matrix, over sequences for a
-Fisher), so experts measured on different amounts of data weigh alike. Memory: a Gram matrix
+Each batch is int tokens [B, T], run through one expert's own parameters: every position counts,
+or a pair (tokens, mask) whose 0/1 mask says which do (for `grams` [B, T], the input positions,
+e.g. not the padding; for `diagonal_fisher` [B, T - 1], the targets of the loss, as training's
+loss_mask: position j predicts token j + 1). The statistics are means (over counted tokens for a
+Gram matrix, over sequences for a Fisher), so experts measured on different amounts of data weigh
+alike. Memory: a Gram matrix
 per kernel ([in, in], float32) beside the model; a Fisher holds B per-sequence gradients at once
-(jax.vmap), so B bounds it.
+(jax.vmap), so B bounds it. With a mesh, each batch is split over its data axes as training's are
+(the parameters replicated): each device holds its share of the B gradients.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
-from xlt import lora
+from xlt import lora, sharding
 from xlt import model as model_lib
 from xlt.param_paths import XLT, path_names, path_str
 
@@ -31,9 +36,22 @@ def num_inputs(path, shape) -> int:
   return len(shape) - len(XLT.row_axes(path, tuple(shape)))
 
 
+def _split(batch, mask_width) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """(tokens [B, T] int32, mask float32) of a batch given as tokens or (tokens, mask); the
+  mask all ones [B, mask_width(T)] when none is given."""
+  tokens, mask = batch if isinstance(batch, (tuple, list)) else (batch, None)
+  tokens = jnp.asarray(tokens, jnp.int32)
+  want = (tokens.shape[0], mask_width(tokens.shape[1]))
+  mask = jnp.ones(want, jnp.float32) if mask is None else jnp.asarray(mask, jnp.float32)
+  if mask.shape != want:
+    raise ValueError(f"a batch's mask is {mask.shape}, its tokens {tokens.shape}: the mask must be {want}")
+  return tokens, mask
+
+
 @functools.partial(jax.jit, static_argnums=(0, 2))
-def _batch_grams(cfg, params, targets: tuple, tokens_BxT):
-  """{kernel path: X^T X} of one batch; targets: ((path, kernel shape), ...) to measure."""
+def _batch_grams(cfg, params, targets: tuple, tokens_BxT, mask_BxT):
+  """{kernel path: X^T X} of one batch, over the positions `mask_BxT` keeps (a kernel applied
+  per head or expert sees the position's mask alike); targets: ((path, kernel shape), ...)."""
   shapes, found = dict(targets), {}
 
   def capture(next_fun, args, kwargs, context):
@@ -42,7 +60,9 @@ def _batch_grams(cfg, params, targets: tuple, tokens_BxT):
       x = args[0]
       n_in = math.prod(x.shape[x.ndim - num_inputs(path, shapes[path]):])
       x = x.reshape(-1, n_in).astype(jnp.float32)
-      found[path] = found.get(path, 0.0) + x.T @ x
+      # rows are positions in order; a kernel mapping [B, T, ...] inputs repeats each position's mask
+      w = jnp.repeat(mask_BxT.reshape(-1), x.shape[0] // mask_BxT.size)
+      found[path] = found.get(path, 0.0) + (x * w[:, None]).T @ x
     return next_fun(*args, **kwargs)
 
   with nn.intercept_methods(capture):
@@ -50,49 +70,74 @@ def _batch_grams(cfg, params, targets: tuple, tokens_BxT):
   return found
 
 
-def grams(cfg: model_lib.Config, params, batches, kernels=None) -> dict[str, np.ndarray]:
+def _replicate(params, mesh: Mesh | None):
+  return params if mesh is None else jax.device_put(params, sharding.replicated(mesh))
+
+
+def _place(tokens, mask, mesh: Mesh | None) -> tuple:
+  """(tokens, mask) split over the mesh's data axes (data x fsdp) with the parameters replicated,
+  as training's batches are; rows of mask 0 pad the batch to a multiple of those axes' size, so
+  they count for nothing. The statistics sum over the batch: XLA adds the shards' parts."""
+  if mesh is None:
+    return tokens, mask
+  n = mesh.shape["data"] * mesh.shape["fsdp"]
+  pad = -tokens.shape[0] % n
+  tokens, mask = (jnp.pad(x, ((0, pad),) + ((0, 0),) * (x.ndim - 1)) for x in (tokens, mask))
+  return tuple(jax.device_put(x, sharding.batch_sharding(mesh, x.ndim, ensemble=False)) for x in (tokens, mask))
+
+
+def grams(cfg: model_lib.Config, params, batches, kernels=None, mesh: Mesh | None = None) -> dict[str, np.ndarray]:
   """{kernel path ("block_0/attn/q/kernel"): G} with G = X^T X / tokens, X the inputs the kernel
-  saw over `batches` ([tokens, in] float32, the input axes flattened in order): what
-  xlt.merge.data_aware.regmean takes per expert. kernels: the kernel paths to measure
-  (default: every attn / mlp kernel, as xlt.lora adapts)."""
+  saw over `batches` ([tokens, in] float32, the input axes flattened in order; tokens: the
+  positions a batch's mask keeps, all without one): what xlt.merge.data_aware.regmean takes per
+  expert. kernels: the kernel paths to measure (default: every attn / mlp kernel, as xlt.lora
+  adapts). mesh: each batch split over the mesh's data axes, the parameters replicated
+  (`_place`); the same statistics to float rounding."""
   shapes = {path_names(p): tuple(np.shape(x)) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
   targets = tuple(sorted((tuple(k), shapes[tuple(k)]) for k in (kernels if kernels is not None
                                                                 else lora.targets(params))))
-  totals, count = {}, 0
-  for tokens in batches:
-    tokens = jnp.asarray(tokens, jnp.int32)
-    for path, g in _batch_grams(cfg, params, targets, tokens).items():
+  params, totals, count = _replicate(params, mesh), {}, 0
+  for batch in batches:
+    tokens, mask = _split(batch, lambda t: t)
+    count += float(mask.sum())
+    for path, g in _batch_grams(cfg, params, targets, *_place(tokens, mask, mesh)).items():
       totals[path] = totals.get(path, 0.0) + np.asarray(g, np.float64)
-    count += int(tokens.size)
   if missing := sorted({p for p, _ in targets} - set(totals)):
     raise ValueError(f"no input reached {path_str(missing[0])} (is it a kernel of the model's forward?)")
   return {path_str(p): (g / max(count, 1)).astype(np.float32) for p, g in totals.items()}
 
 
-def _sequence_nll(cfg, params, tokens_T):
-  """The mean next-token negative log-likelihood of one sequence."""
+def _sequence_nll(cfg, params, tokens_T, mask_T=None):
+  """The mean next-token negative log-likelihood of one sequence (over the targets `mask_T`
+  [T - 1] keeps: training's loss of the sequence; all without one)."""
   logits, _ = model_lib.apply(cfg, params, tokens_T[None])
   logp = jax.nn.log_softmax(logits[0, :-1].astype(jnp.float32))
-  return -jnp.mean(jnp.take_along_axis(logp, tokens_T[1:, None], axis=-1))
+  nll = -jnp.take_along_axis(logp, tokens_T[1:, None], axis=-1)[:, 0]
+  if mask_T is None:
+    return jnp.mean(nll)
+  return jnp.sum(nll * mask_T) / jnp.maximum(jnp.sum(mask_T), 1.0)
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _per_sequence_grads(cfg, params, tokens_BxT):
-  return jax.vmap(jax.grad(lambda p, t: _sequence_nll(cfg, p, t)), in_axes=(None, 0))(params, tokens_BxT)
+def _batch_fisher(cfg, params, tokens_BxT, mask_BxT):
+  """The sum over the batch's sequences of each parameter's squared per-sequence gradient."""
+  grads = jax.vmap(jax.grad(lambda p, t, m: _sequence_nll(cfg, p, t, m)), in_axes=(None, 0, 0))(
+      params, tokens_BxT, mask_BxT)
+  return jax.tree.map(lambda g: jnp.sum(jnp.square(g.astype(jnp.float32)), axis=0), grads)
 
 
-def diagonal_fisher(cfg: model_lib.Config, params, batches):
+def diagonal_fisher(cfg: model_lib.Config, params, batches, mesh: Mesh | None = None):
   """The diagonal empirical Fisher of every parameter: the mean over sequences of the squared
-  gradient of the sequence's mean next-token loss (`params`' structure, float32): what
-  xlt.merge.data_aware.fisher takes per expert."""
-  per_sequence = functools.partial(_per_sequence_grads, cfg)
+  gradient of the sequence's mean next-token loss (over its mask's targets, when given;
+  `params`' structure, float32): what xlt.merge.data_aware.fisher takes per expert. mesh: each
+  batch split over its data axes (`_place`), as for `grams`."""
+  params = _replicate(params, mesh)
   totals, count = None, 0
-  for tokens in batches:
-    tokens = jnp.asarray(tokens, jnp.int32)
-    squared = jax.tree.map(lambda g: np.asarray(jnp.sum(jnp.square(g.astype(jnp.float32)), axis=0), np.float64),
-                           per_sequence(params, tokens))
-    totals = squared if totals is None else jax.tree.map(np.add, totals, squared)
+  for batch in batches:
+    tokens, mask = _split(batch, lambda t: t - 1)
     count += int(tokens.shape[0])
+    squared = jax.tree.map(lambda g: np.asarray(g, np.float64), _batch_fisher(cfg, params, *_place(tokens, mask, mesh)))
+    totals = squared if totals is None else jax.tree.map(np.add, totals, squared)
   if totals is None:
     raise ValueError("diagonal_fisher: no batches")
   return jax.tree.map(lambda t: (t / count).astype(np.float32), totals)

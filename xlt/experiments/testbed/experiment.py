@@ -52,6 +52,7 @@ from xlt.experiments.recipes import ALL, Recipe
 from xlt.experiments.testbed import peft as testbed_peft
 from xlt.experiments.testbed import plan as testbed_plan
 from xlt.experiments.testbed import report as testbed_report
+from xlt.experiments.testbed import statistics as testbed_statistics
 from xlt.experiments.testbed import text as testbed_text
 
 # what this kind is called (c.kind) and runs (data tasks, each with its headline metric) and how xlt.report reads its rows
@@ -106,10 +107,11 @@ def datasets(c) -> dict[str, list[common.Example]]:
 # --------------------------------------------------------------------------- stage 3
 
 
-def compose(c, base, trained: dict, labels: dict, seed: int = 0) -> dict:
+def compose(c, base, trained: dict, labels: dict, seed: int = 0, statistics=None) -> dict:
   """Every model of one seed to evaluate, by name (insertion order = table order): the base,
   the trained recipes, and what is built from them without training. `trained` maps recipe
-  names to params; `labels` preset names to label trees."""
+  names to params; `labels` preset names to label trees; `statistics` the seed's experts'
+  (testbed_statistics.Statistics) when a merge is data-aware (`merge_models`)."""
   task, lang = trained["task expert"], trained["language expert"]
   models = {"base": base, **{k: v for k, v in trained.items()}}
   for p in c.partition.presets:
@@ -121,14 +123,29 @@ def compose(c, base, trained: dict, labels: dict, seed: int = 0) -> dict:
     # train-then-revert: full experts, each reset to the base outside its own partition
     models[f"train-then-revert [{p}]"] = partition.combine({"task": task, "language": lang}, labels[p])
     models[f"task expert, language partition reverted [{p}]"] = partition.revert(task, base, labels[p], "language")
+  models.update(merge_models(c, base, task, lang, merges(c, seed), statistics,
+                             source_language=trained.get("source-language expert")))
+  return models
+
+
+def merge_models(c, base, task, lang, specs, statistics=None, source_language=None) -> dict:
+  """{label: merged params} of `specs` ((label, method, options), `merges`) over one seed's
+  base and experts. A data-aware merge takes its statistics from `statistics`
+  (testbed_statistics.Statistics of this seed's experts, [task, language]); without it one
+  is a ValueError."""
   inputs = {"task_expert": task, "language_expert": lang, "experts": [task, lang], "base": base,
-            "ability_model": task, "source_language_model": trained.get("source-language expert"),
-            "target_language_models": [lang]}
-  for label, method, options in merges(c, seed):
+            "ability_model": task, "source_language_model": source_language, "target_language_models": [lang]}
+  out = {}
+  for label, method, options in specs:
+    options = dict(options)
     if method == "soup" and options.pop("weights", None) == "magnitude":
       options["weights"] = merge.magnitude_weights([task, lang], base)
-    models[label] = merge.registry.merge_among(method, inputs, options)
-  return models
+    if testbed_statistics.needs_data(method, options):
+      if statistics is None:
+        raise ValueError(f"merge {label!r} is data-aware: it needs the experts' statistics")
+      options = statistics.fill(method, options, [task, lang])
+    out[label] = merge.registry.merge_among(method, inputs, options)
+  return out
 
 
 # --------------------------------------------------------------------------- running
@@ -138,8 +155,10 @@ def merges(c, seed: int = 0) -> list[tuple[str, str, dict]]:
   """The merges the testbed scores, as (table label, registry method, options), in table order:
   the config's layer swaps, soups, task arithmetic, TIES, DARE and MAET, then `merge.extra`
   ("method option=value ..." for any registry method whose inputs the testbed has: the task
-  and language experts, the base, the source-language expert). A soup's weights="magnitude" are
-  computed from the experts' deltas."""
+  and language experts, the base, the source-language expert; a data-aware one, RegMean,
+  Fisher, Localize-and-Stitch with losses="data", gets its statistics from each expert's own
+  training data: testbed_statistics). A soup's weights="magnitude" are computed from the
+  experts' deltas."""
   m = c.merge
   out = [(f"layer swap b={b} u={u} t={t}", "layer_swap",
           dict(bottom=b, top=u, lower_transition=t, upper_transition=t, non_block=m.non_block))
@@ -155,11 +174,20 @@ def merges(c, seed: int = 0) -> list[tuple[str, str, dict]]:
   return out
 
 
+def seed_statistics(c, prep, i: int):
+  """Seed i's testbed_statistics.Statistics of its task and language experts when a merge of
+  the config is data-aware (None otherwise: nothing to compute)."""
+  if not any(testbed_statistics.needs_data(method, options) for _, method, options in merges(c)):
+    return None
+  experts = {r.name: r for r in prep.of("full")}
+  return testbed_statistics.for_seed(c, prep, [experts["task expert"], experts["language expert"]], i)
+
+
 def _check_merges(c):
   for label, method, options in merges(c):
     if options.get("weights") == "magnitude":  # computed from the experts when they exist
       options = {k: v for k, v in options.items() if k != "weights"}
-    merge.registry.check_among(method, options, MERGE_INPUTS, label)
+    merge.registry.check_among(method, testbed_statistics.placeholder(method, options, 2), MERGE_INPUTS, label)
 
 
 def check(c, num_layers: int):
@@ -171,6 +199,7 @@ def check(c, num_layers: int):
   for b, u, t in recipe_lib.swaps(c.merge.swaps, "merge.swaps"):
     merge.swap_plan(num_layers, b, u, t, t)
   _check_merges(c)
+  testbed_statistics.settings(c)
   if not c.simultaneous.steps_per_switch or min(c.simultaneous.steps_per_switch) < 1:
     raise ValueError(f"simultaneous.steps_per_switch must be positive, got {c.simultaneous.steps_per_switch}")
   testbed_peft.check(c, num_layers)
@@ -336,7 +365,8 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
   per_seed = []
   for i, s in enumerate(seeds):
     recipes = seed_models(tuned, prep.of("full"), len(seeds), i)
-    models = compose(c, kind_lib.member(base, i), recipes, info["labels"], seed=s)
+    models = compose(c, kind_lib.member(base, i), recipes, info["labels"], seed=s,
+                     statistics=seed_statistics(c, prep, i))
     if lora_adapters is not None:
       models.update(testbed_peft.compose_lora(c, kind_lib.member(base, i), {k: v[i] for k, v in lora_adapters.items()}))
     if maet_trained is not None:

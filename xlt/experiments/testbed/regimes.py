@@ -132,7 +132,8 @@ def _regime_models(c, prep, base, ft) -> tuple[list[dict], dict]:
     recipes = testbed.seed_models(ft.params, prep.of("full"), n, i)
     for name, params in recipes.items():
       deltas.setdefault(name, []).append(relative_delta(params, b))
-    per_seed.append(testbed.compose(c, b, recipes, ft.stage.info["labels"], seed=s))
+    per_seed.append(testbed.compose(c, b, recipes, ft.stage.info["labels"], seed=s,
+                                    statistics=testbed.seed_statistics(c, prep, i)))
   return per_seed, {k: {"mean": float(np.mean(v)), "values": v} for k, v in deltas.items()}
 
 
