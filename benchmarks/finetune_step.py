@@ -115,12 +115,12 @@ def _xlt_state(cfg, tx, mesh, params, mode: str):
   with the static frozen partition."""
   import jax
 
-  from xlt import composite, lora, paths, sharding, train
+  from xlt import composite, lora, param_paths, sharding, train
 
   if mode == "lora":
     params = {"base": params, "lora": lora.init(params, jax.random.key(SEED), **LORA)}
   if mode == "static":
-    frozen = jax.tree_util.tree_map_with_path(lambda p, _: not trained_in_static(paths.path_str(p)), params)
+    frozen = jax.tree_util.tree_map_with_path(lambda p, _: not trained_in_static(param_paths.path_str(p)), params)
     tx = train.static_freeze(tx, frozen)
   stacked = jax.tree.map(lambda x: x[None], params)
   abstract = jax.eval_shape(lambda p: train.init_state(cfg, tx, [SEED], p), stacked)
