@@ -69,8 +69,11 @@ def test_check_names_a_stale_doc_in_one_line(tmp_path, capsys):
   doc.write_text("old\n")
   assert report.main(["--check", f"--results_dir={tmp_path / 'results'}", f"--out={doc}"]) == 1
   assert len(capsys.readouterr().err.strip().splitlines()) == 1
+  speed = open(report.SPEED_DOC, encoding="utf-8").read()
   assert report.main([f"--results_dir={tmp_path / 'results'}", f"--out={doc}"]) == 0
   assert report.main(["--check", f"--results_dir={tmp_path / 'results'}", f"--out={doc}"]) == 0
+  # another results directory leaves the repository's speed tables alone
+  assert open(report.SPEED_DOC, encoding="utf-8").read() == speed
 
 
 def test_collect_builds_the_results_file(tmp_path):

@@ -25,8 +25,7 @@ import numpy as np
 import optax
 
 from xlt import model as model_lib
-from xlt.merge import core
-from xlt.merge.maet import key_rows
+from xlt import merge
 from xlt.param_paths import XLT, Naming, path_names
 
 MASK_KEY = "neuron_mask"
@@ -34,17 +33,17 @@ MASK_KEY = "neuron_mask"
 
 def expand(masks, params, naming: Naming = XLT):
   """Per-entry bool masks (numpy) with the structure and shapes of `params`."""
-  flat = core.masked_leaves(masks, params)
-  return core.map_leaves(lambda p, x: core.leaf_mask(p, flat[p], np.shape(x), naming), params, keep_dtype=False)
+  flat = merge.masked_leaves(masks, params)
+  return merge.map_leaves(lambda p, x: merge.leaf_mask(p, flat[p], np.shape(x), naming), params, keep_dtype=False)
 
 
 def locate(model, base, fraction: float, naming: Naming = XLT):
   """The top `fraction` of all the model's rows (neurons) by the L2 norm of their change
   from `base`, ranked over the whole model (MAET eq. 1, after a short run): a mask tree
   of per-row bools."""
-  core.check_range("neuron fraction", fraction, 0.0, 1.0, low_open=True)
-  rows = key_rows(jax.tree.map(np.asarray, model), jax.tree.map(np.asarray, base), fraction, naming=naming)
-  return core.map_leaves(lambda p, _: rows[p], jax.tree.map(np.asarray, base), keep_dtype=False)
+  merge.check_range("neuron fraction", fraction, 0.0, 1.0, low_open=True)
+  rows = merge.key_rows(jax.tree.map(np.asarray, model), jax.tree.map(np.asarray, base), fraction, naming=naming)
+  return merge.map_leaves(lambda p, _: rows[p], jax.tree.map(np.asarray, base), keep_dtype=False)
 
 
 def union(params, *masks, naming: Naming = XLT):

@@ -30,10 +30,10 @@ from xlt import model as model_lib
 from xlt import pretrained
 from xlt.io import fileio
 from xlt.io import tensor_files as files
-from xlt.merge import lora_adapters
+from xlt import merge
 from xlt.param_paths import XLT, path_names, path_str
 
-CONFIG, WEIGHTS, PREFIX = lora_adapters.PEFT_CONFIG, lora_adapters.PEFT_WEIGHTS, lora_adapters.PEFT_PREFIX
+CONFIG, WEIGHTS, PREFIX = merge.PEFT_CONFIG, merge.PEFT_WEIGHTS, merge.PEFT_PREFIX
 
 
 class _Index:
@@ -80,7 +80,7 @@ def module_maps(cfg: model_lib.Config, params, kernels, family: str | None = Non
 def to_peft(cfg: model_lib.Config, params, adapters, family: str | None = None,
             base_model: str = "") -> tuple[dict, dict]:
   """(adapter_config.json's dict, {tensor name: array}) of an xlt adapter tree on `params`."""
-  by_path = lora_adapters.factors(adapters)
+  by_path = merge.factors(adapters)
   maps = module_maps(cfg, params, by_path, family)
   s = float(np.asarray(adapters["scale"]))
   tensors, ranks = {}, {}
@@ -124,7 +124,7 @@ def read(adapter_dir: str, cfg: model_lib.Config, params, *, family: str | None 
   written as one module takes its factors (rows and columns reordered); several modules of one
   kernel (q, k and v of a fused qkv) share a lora_A when theirs are equal, else stack their
   ranks. One scale when every module has the same, else each folded into its lora_B (scale 1)."""
-  _, modules = lora_adapters.read_peft(adapter_dir)
+  _, modules = merge.read_peft(adapter_dir)
   by_module = _module_index(cfg, params, family)
   unknown = sorted(set(modules) - set(by_module))
   if unknown:

@@ -464,13 +464,18 @@ def main(argv: list[str]) -> int:
   if command == "render":
     parser.add_argument("--check", action="store_true", help="exit 1 if the document is out of date")
     parser.add_argument("--out", default=DOC)
-    parser.add_argument("--speed_out", default=SPEED_DOC, help="docs/speed.md ('' : leave it alone)")
+    parser.add_argument("--speed_out", default=None,
+                        help="docs/speed.md ('' : leave it alone; default: docs/speed.md when --results_dir is "
+                             "the repository's results/, else left alone)")
   else:
     for flag in ("workdir", "config", "name"):
       parser.add_argument(f"--{flag}", required=True)
     parser.add_argument("--command", default=None, help="the command that ran it (default: xlt.main's)")
     parser.add_argument("--metric", default=None, help="the headline metric (default: the task's)")
   args = parser.parse_args(argv)
+  if command == "render" and args.speed_out is None:
+    # another results directory's benchmarks would overwrite the repository's speed tables
+    args.speed_out = SPEED_DOC if os.path.abspath(args.results_dir) == os.path.abspath(RESULTS_DIR) else ""
   try:
     if command == "collect":
       result = collect(args.workdir, args.config, args.name, args.command, args.metric, args.results_dir)

@@ -37,8 +37,9 @@ Any method by name: `merge.merge("ties", {"base": b, "experts": [t, l]}, {"densi
 
 from xlt.merge.analysis import default_threshold, plot_row_change, row_change
 from xlt.merge.combine import dare, magmax, magnitude_weights, soup, sparsify_rows, task_arithmetic, ties
-from xlt.merge.core import check_compatible, check_range, delta, mean_abs_rows
-from xlt.merge.maet import maet
+from xlt.merge.core import check_compatible, check_range, delta, leaf_mask, map_leaves, masked_leaves, mean_abs_rows
+from xlt.merge.maet import key_rows, maet
+from xlt.merge.lora_adapters import PEFT_CONFIG, PEFT_PREFIX, PEFT_WEIGHTS, factors, read_peft
 from xlt.io.tensor_files import load, save
 from xlt.merge.tool import merge_files
 from xlt.merge import registry
@@ -47,9 +48,9 @@ from xlt.param_paths import HF, XLT, Naming, from_rule, naming_for, path_names, 
 from xlt.merge.swap import layer_swap, swap_plan
 
 __all__ = [
-    "HF", "METHODS", "Method", "XLT", "Naming", "check_compatible", "check_range", "dare", "default_threshold",
-    "delta", "describe", "from_rule", "layer_swap", "load", "maet", "magmax", "magnitude_weights",
-    "mean_abs_rows", "merge", "merge_files", "naming_for", "path_names", "path_str",
+    "PEFT_CONFIG", "PEFT_PREFIX", "PEFT_WEIGHTS", "factors", "read_peft", "HF", "METHODS", "Method", "XLT", "Naming", "check_compatible", "check_range", "dare", "default_threshold",
+    "delta", "describe", "from_rule", "key_rows", "layer_swap", "leaf_mask", "load", "maet", "magmax",
+    "magnitude_weights", "map_leaves", "masked_leaves", "mean_abs_rows", "merge", "merge_files", "naming_for", "path_names", "path_str",
     "plot_row_change", "registry", "row_change", "save", "soup", "sparsify_rows", "swap_plan",
     "task_arithmetic", "ties",
 ]
