@@ -41,6 +41,7 @@ import subprocess
 import sys
 
 from xlt import speed_doc
+from xlt.io import fileio
 
 # the checkout whose results/ and docs/ these are: the one beside the package, else (an installed
 # xlt, with no results/ beside it) the current directory, a checkout of the repository
@@ -60,8 +61,6 @@ class UserError(Exception):
 
 
 def _write_text(path: str, text: str):
-  from xlt.io import fileio  # only when writing: --check needs no numpy or jax
-
   fileio.write_text(path, text)
 
 
@@ -74,15 +73,7 @@ def dumps(result: dict) -> str:
 def load(directory: str = RESULTS_DIR) -> list[dict]:
   """Every results/*.json, sorted by file name; a malformed one is a UserError naming it."""
   out = []
-  for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
-    if not name.endswith(".json"):
-      continue
-    path = os.path.join(directory, name)
-    try:
-      with open(path, encoding="utf-8") as f:
-        result = json.load(f)
-    except (OSError, ValueError) as e:
-      raise UserError(f"{path}: not a readable JSON file ({e})") from e
+  for _, path, result in fileio.json_files(directory, UserError):
     missing = {"name", "config", "command", "headline", "measurements"} - set(result)
     if missing:
       raise UserError(f"{path}: missing {sorted(missing)}")

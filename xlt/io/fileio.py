@@ -7,6 +7,7 @@ Standard library only: it is the bottom of the I/O floor, and every part of xlt 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from typing import IO, Iterator
@@ -73,3 +74,17 @@ def json_fault(error) -> tuple[str, int, int]:
     fault, what = end, "a missing comma after this value"
   line = doc.count("\n", 0, fault) + 1
   return what, line, fault - (doc.rfind("\n", 0, fault) + 1) + 1
+
+
+def json_files(directory: str, error: type[Exception] = ValueError) -> Iterator[tuple[str, str, object]]:
+  """(name, path, parsed JSON) of every *.json in `directory` (none when it is missing), sorted by
+  name; an unreadable one raises `error` naming it."""
+  for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+    if not name.endswith(".json"):
+      continue
+    path = os.path.join(directory, name)
+    try:
+      with open(path, encoding="utf-8") as f:
+        yield name, path, json.load(f)
+    except (OSError, ValueError) as e:
+      raise error(f"{path}: not a readable JSON file ({e})") from e
