@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import json
 import os
 import statistics
@@ -178,7 +177,6 @@ def summary(rounds: list[dict], a) -> tuple[list[str], list[list]]:
 
 
 def main(a) -> None:
-  from xlt import report
 
   t_start = time.perf_counter()
   if a.quick:
@@ -201,22 +199,16 @@ def main(a) -> None:
   for row in rows:
     print("| " + " | ".join(str(x) for x in row) + " |")
   if a.out:
-    from xlt.io import fileio
+    from benchmarks import results_file
 
     versions = {k: v for r in rounds[0].values() for k, v in r["versions"].items()}
-    record = {"benchmark": os.path.splitext(os.path.basename(a.out))[0],
-              "title": f"Greedy decoding of a loaded Llama ({a.shape}), new tokens/s",
-              "command": "python benchmarks/decode_speed.py " + " ".join(sys.argv[1:]),
-              "commit": report.git_commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                  timespec="seconds"), "wall_s": round(time.perf_counter() - t_start, 1),
-              "machine": report.machine(), "versions": versions, "columns": columns, "rows": rows,
-              "shape": SHAPES[a.shape], "prompt": a.prompt, "new": a.new, "rounds": a.rounds, "reps": a.reps,
-              "torch_threads": next((r["threads"] for r in rounds[0].values() if "threads" in r), None),
-              "round_seconds": [{t: {b: r[t]["batches"][b]["times"] for b in r[t]["batches"]} for t in tools}
-                                for r in rounds]}
-    if a.notes:
-      record["notes"] = a.notes
-    fileio.write_text(a.out, json.dumps(record, indent=1) + "\n")
+    results_file.write(
+        a.out, benchmark=os.path.splitext(os.path.basename(a.out))[0],
+        title=f"Greedy decoding of a loaded Llama ({a.shape}), new tokens/s", columns=columns, rows=rows,
+        wall_s=time.perf_counter() - t_start, versions=versions, notes=a.notes,
+        shape=SHAPES[a.shape], prompt=a.prompt, new=a.new, rounds=a.rounds, reps=a.reps,
+        torch_threads=next((r["threads"] for r in rounds[0].values() if "threads" in r), None),
+        round_seconds=[{t: {b: r[t]["batches"][b]["times"] for b in r[t]["batches"]} for t in tools} for r in rounds])
 
 
 if __name__ == "__main__":

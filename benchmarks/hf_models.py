@@ -61,14 +61,14 @@ BATCHES = (1, 8)
 _RESULT = "RESULT "
 
 
-def _rss_mib() -> float:
+def rss_mib() -> float:
   """This process's resident set now, MiB (VmRSS)."""
   with open("/proc/self/status") as f:
     line = next(x for x in f if x.startswith("VmRSS:"))
   return int(line.split()[1]) / 1024
 
 
-def _peak_mib() -> float:
+def peak_mib() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
@@ -79,16 +79,27 @@ def checkpoint_bytes(path: str) -> int:
 # ---------------------------------------------------------------------------- children
 
 
+def is_written(path: str, want: dict) -> bool:
+  """Whether `path` holds the checkpoint `want` describes (its stamp, written last, says so)."""
+  stamp = os.path.join(path, "benchmark.json")
+  if not os.path.exists(stamp):
+    return False
+  with open(stamp) as f:
+    return json.load(f) == want
+
+
+def mark_written(path: str, want: dict) -> None:
+  with open(os.path.join(path, "benchmark.json"), "w") as f:
+    json.dump(want, f)
+
+
 def write_checkpoint(path: str, shape: dict, seed: int, shard: str | None = None) -> None:
   """A random LlamaForCausalLM of `shape`, float32, saved by transformers in files of at most
   `shard` (None: transformers' default) (kept when `path` already holds one of the same shape,
   seed and shard). benchmarks/finetune_step.py writes its checkpoints with it too."""
-  stamp = os.path.join(path, "benchmark.json")
   want = {"shape": shape, "seed": seed, "shard": shard}
-  if os.path.exists(stamp):
-    with open(stamp) as f:
-      if json.load(f) == want:
-        return
+  if is_written(path, want):
+    return
   import torch
   import transformers
 
@@ -97,11 +108,10 @@ def write_checkpoint(path: str, shape: dict, seed: int, shard: str | None = None
                                     **shape)
   model = transformers.LlamaForCausalLM(config).to(torch.float32).eval()
   model.save_pretrained(path, **({"max_shard_size": shard} if shard else {}))
-  with open(stamp, "w") as f:
-    json.dump(want, f)
+  mark_written(path, want)
 
 
-def _xlt_start() -> None:
+def xlt_start() -> None:
   """As `python -m xlt.main` starts, before jax is imported (may re-execute this process)."""
   sys.path.insert(0, ROOT)
   from xlt import allocator, cpu_devices
@@ -122,7 +132,7 @@ def load_child(tool: str, path: str) -> dict:
     import torch
     import transformers
     import transformers.models.llama.modeling_llama  # noqa: F401
-  imported, base = time.perf_counter(), _rss_mib()
+  imported, base = time.perf_counter(), rss_mib()
   if tool == "xlt":
     cfg, params = pretrained.load(path)
     weights = jax.block_until_ready(jax.tree_util.tree_leaves(params))
@@ -131,12 +141,12 @@ def load_child(tool: str, path: str) -> dict:
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     weights = list(model.parameters())
     total = lambda: float(sum(p.detach().sum() for p in weights))
-  done, after = time.perf_counter(), _rss_mib() - base
+  done, after = time.perf_counter(), rss_mib() - base
   total()  # every weight read once (transformers maps the files and reads a tensor when first used)
   read = time.perf_counter()
   return {"tool": tool, "import_s": imported - t0, "load_s": done - imported, "read_s": read - imported,
-          "rss_imports_mib": base, "after_above_mib": after, "peak_mib": _peak_mib(),
-          "peak_above_mib": _peak_mib() - base, "read_above_mib": _rss_mib() - base,
+          "rss_imports_mib": base, "after_above_mib": after, "peak_mib": peak_mib(),
+          "peak_above_mib": peak_mib() - base, "read_above_mib": rss_mib() - base,
           "params": int(sum(x.size if tool == "xlt" else x.numel() for x in weights))}
 
 
@@ -287,7 +297,7 @@ def _worker(args) -> None:
     out = {}
   else:
     if tool == "xlt":
-      _xlt_start()
+      xlt_start()
     if kind == "load":
       out = load_child(tool, os.path.join(args.workdir, "load"))
     else:

@@ -30,7 +30,6 @@ keep the cores busy: compare the two within one run, on a quiet machine.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -177,22 +176,16 @@ def main():
     import torch
     import transformers
 
-    from xlt import report
-    from xlt.io import fileio
+    from benchmarks import results_file
 
-    record = {"benchmark": os.path.splitext(os.path.basename(args.out))[0],
-              "title": "lm-eval requests: xlt's backend against lm-eval's hf backend",
-              "command": "python benchmarks/lm_eval_speed.py " + " ".join(sys.argv[1:]), "commit": report.git_commit(),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "wall_s": round(time.perf_counter() - t_start, 1),
-              "machine": report.machine(),
-              "versions": {"jax": jax.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-                           "lm_eval": lm_eval.__version__},
-              "columns": columns, "rows": rows, "args": vars(args), "agreement": agree,
-              "seconds": {name: {k: {"first_s": v["first_s"], "s": v["s"]} for k, v in kinds.items()}
-                          for name, kinds in m.items()}}
-    if args.notes:
-      record["notes"] = args.notes
-    fileio.write_text(args.out, json.dumps(record, indent=1) + "\n")
+    results_file.write(
+        args.out, benchmark=os.path.splitext(os.path.basename(args.out))[0],
+        title="lm-eval requests: xlt's backend against lm-eval's hf backend", columns=columns, rows=rows,
+        wall_s=time.perf_counter() - t_start, notes=args.notes,
+        versions={"jax": jax.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+                  "lm_eval": lm_eval.__version__},
+        args=vars(args), agreement=agree,
+        seconds={name: {k: {"first_s": v["first_s"], "s": v["s"]} for k, v in kinds.items()} for name, kinds in m.items()})
 
 
 if __name__ == "__main__":

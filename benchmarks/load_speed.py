@@ -38,7 +38,6 @@ Writes results/benchmarks/load_speed.json in the speed-results schema (atomicall
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import resource
@@ -49,6 +48,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+# imports neither jax nor torch: the xlt child must start as xlt.main does first
+from benchmarks.hf_models import checkpoint_bytes, is_written, mark_written, peak_mib, rss_mib, xlt_start  # noqa: E402
 # name: (LlamaConfig entries, shard size)
 SHAPES = {
     "tiny": (dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -61,23 +63,10 @@ SHAPES = {
 _RESULT = "RESULT "
 
 
-def _rss_mib() -> float:
-  with open("/proc/self/status") as f:
-    return int(next(x for x in f if x.startswith("VmRSS:")).split()[1]) / 1024
-
-
-def _peak_mib() -> float:
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
 def _cpu_s() -> float:
   """CPU seconds of this process so far, every thread's, user and system."""
   r = resource.getrusage(resource.RUSAGE_SELF)
   return r.ru_utime + r.ru_stime
-
-
-def checkpoint_bytes(path: str) -> int:
-  return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith(".safetensors"))
 
 
 class _Normal:
@@ -97,13 +86,9 @@ class _Normal:
 def write_checkpoint(path: str, name: str, seed: int) -> None:
   """The `name` checkpoint in `path`, unless a stamp says it is there already."""
   shape, shard = SHAPES[name]
-  stamp = os.path.join(path, "benchmark.json")
   want = {"shape": shape, "seed": seed, "shard": shard}
-  if os.path.exists(stamp):
-    with open(stamp) as f:
-      if json.load(f) == want:
-        return
-  sys.path.insert(0, ROOT)
+  if is_written(path, want):
+    return
   from xlt import pretrained
   from xlt.io import hf_dir
 
@@ -118,8 +103,7 @@ def write_checkpoint(path: str, name: str, seed: int) -> None:
       tensors[n] = _Normal(pretrained._hf_shape(m, shapes[leaf]), seed + len(tensors))
   hf_dir.write_model_dir(tensors, path, config=pretrained.config_to_hf(cfg, "llama", hf), max_shard_bytes=shard,
                          overwrite=True, card={"method": "benchmarks/load_speed.py", "seed": seed})
-  with open(stamp, "w") as f:
-    json.dump(want, f)
+  mark_written(path, want)
 
 
 def load_child(tool: str, path: str) -> dict:
@@ -128,10 +112,7 @@ def load_child(tool: str, path: str) -> dict:
 
   t0 = time.perf_counter()
   if tool == "xlt":
-    sys.path.insert(0, ROOT)
-    from xlt import allocator, cpu_devices
-    cpu_devices.configure()  # as `python -m xlt.main` starts (may re-execute this process)
-    allocator.preload()
+    xlt_start()
     import jax
 
     from xlt import pretrained
@@ -140,7 +121,7 @@ def load_child(tool: str, path: str) -> dict:
     import torch
     import transformers
     import transformers.models.llama.modeling_llama  # noqa: F401
-  imported, base, cpu0 = time.perf_counter(), _rss_mib(), _cpu_s()
+  imported, base, cpu0 = time.perf_counter(), rss_mib(), _cpu_s()
   if tool == "xlt":
     _, params = pretrained.load(path)
     weights = jax.block_until_ready(jax.tree_util.tree_leaves(params))
@@ -149,12 +130,12 @@ def load_child(tool: str, path: str) -> dict:
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     weights = list(model.parameters())
     views = lambda: (p.detach().numpy() for p in weights)
-  loaded, after = time.perf_counter(), _rss_mib() - base
+  loaded, after = time.perf_counter(), rss_mib() - base
   total = float(sum(np.sum(v, dtype=np.float32) for v in views()))  # every weight read once
   read = time.perf_counter()
   return {"tool": tool, "import_s": imported - t0, "load_s": loaded - imported, "read_s": read - imported,
           "cpu_s": _cpu_s() - cpu0,
-          "after_above_mib": after, "peak_above_mib": _peak_mib() - base, "peak_mib": _peak_mib(),
+          "after_above_mib": after, "peak_above_mib": peak_mib() - base, "peak_mib": peak_mib(),
           "sum": total, "params": int(sum(v.size for v in views()))}
 
 
@@ -249,27 +230,21 @@ def main() -> None:
   bad = [s for s in args.shapes if s not in SHAPES]
   if bad or args.rounds < 1:
     sys.exit(f"error: unknown shape {bad[0]!r} (known: {', '.join(SHAPES)})" if bad else "error: --rounds >= 1")
-  started, t0 = datetime.datetime.now(datetime.timezone.utc), time.perf_counter()
+  t0 = time.perf_counter()
   runs = measure(args)
   table = rows(runs)
   print("\n| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS))
   for row in table:
     print("| " + " | ".join(str(x) for x in row) + " |")
   if args.out:
-    sys.path.insert(0, ROOT)
-    from xlt import report
-    from xlt.io import fileio
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    result = {"benchmark": os.path.splitext(os.path.basename(args.out))[0],
-              "title": "Loading a Hugging Face checkpoint, every weight read",
-              "command": "python " + " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:]),
-              "commit": commit, "date": started.isoformat(timespec="seconds"),
-              "wall_s": round(time.perf_counter() - t0, 1), "machine": report.machine(),
-              "versions": _versions(args.peer_python), "columns": COLUMNS, "rows": table,
-              "notes": args.notes or ("Medians of alternating rounds, each a fresh process; peak RSS above the "
-                                      "imports over the checkpoint's bytes, the largest round."),
-              "measurements": runs}
-    fileio.write_text(args.out, json.dumps(result, indent=1) + "\n")
+    from benchmarks import results_file
+    results_file.write(
+        args.out, benchmark=os.path.splitext(os.path.basename(args.out))[0],
+        title="Loading a Hugging Face checkpoint, every weight read", columns=COLUMNS, rows=table,
+        wall_s=time.perf_counter() - t0, versions=_versions(args.peer_python),
+        notes=args.notes or ("Medians of alternating rounds, each a fresh process; peak RSS above the "
+                             "imports over the checkpoint's bytes, the largest round."),
+        measurements=runs)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ time and the largest peak RSS, the ratios, and the largest |xlt - fusion-bench| 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -199,20 +198,16 @@ def main():
   print("| " + " | ".join(columns) + " |\n" + "\n".join("| " + " | ".join(map(str, r)) + " |" for r in table))
   if args.out:
     sys.path.insert(0, ROOT)
-    from xlt import report
-    from xlt.io import fileio
-    result = {"benchmark": os.path.splitext(os.path.basename(args.out))[0],
-              "title": "Subspace and data-aware merges against fusion-bench, wall time and peak RSS",
-              "command": " ".join(["python", os.path.relpath(os.path.abspath(__file__), ROOT)] + sys.argv[1:]),
-              "commit": report.git_commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "wall_s": round(time.time() - start, 1), "machine": report.machine(), "versions": versions(sys.executable),
-              "columns": columns, "rows": table,
-              "notes": (f"Inputs: three {size_mib:.1f} MiB float32 Llama-shaped checkpoints (hidden {args.hidden}, "
+    from benchmarks import results_file
+    results_file.write(
+        args.out, benchmark=os.path.splitext(os.path.basename(args.out))[0],
+        title="Subspace and data-aware merges against fusion-bench, wall time and peak RSS", columns=columns,
+        rows=table, wall_s=time.time() - start, versions=versions(sys.executable),
+        notes=(f"Inputs: three {size_mib:.1f} MiB float32 Llama-shaped checkpoints (hidden {args.hidden}, "
                         f"{args.layers} layers, vocab {args.vocab}, MLP {args.mlp}); RegMean over {args.examples} random "
                         f"sequences of {args.seq_len} tokens per expert. Median wall time and largest peak RSS of each "
                         "tool's own process over alternating rounds. " + args.notes).strip(),
-              "measurements": results}
-    fileio.write_text(args.out, json.dumps(result, indent=1) + "\n")
+        measurements=results)
 
 
 if __name__ == "__main__":
