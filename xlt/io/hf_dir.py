@@ -54,7 +54,7 @@ _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2*
 def write_model_dir(tensors: dict, out_dir: str, *, source_dir: str | None = None, config: dict | None = None,
                     max_shard_bytes: int | str = DEFAULT_MAX_SHARD_BYTES, card: dict | None = None,
                     dtype: str | None = None, metadata: dict | None = None, overwrite: bool = False,
-                    weights_only: bool = False) -> dict:
+                    weights_only: bool = False, files: dict | None = None) -> dict:
   """Writes `tensors` as a Hugging Face model directory `out_dir`; returns a summary
   {"dir", "files", "tensors", "total_size"}.
 
@@ -76,6 +76,8 @@ def write_model_dir(tensors: dict, out_dir: str, *, source_dir: str | None = Non
     Without it only an empty directory or an earlier output of this function is replaced.
   weights_only: with neither source_dir nor config (tensors of no Hugging Face model, e.g.
     xlt's own checkpoints), write the weights and the card without a config.json.
+  files: {name: text} written after the copied tokenizer files, replacing them (a merge's own
+    tokenizer); a name mapped to None drops the copied file of that name.
   """
   _check_tensors(tensors)
   max_bytes = _bytes(max_shard_bytes)
@@ -97,6 +99,15 @@ def write_model_dir(tensors: dict, out_dir: str, *, source_dir: str | None = Non
   tmp = _fresh_dir(parent, f".tmp_{base}_{os.getpid()}_")
   try:
     written = _write_into(tmp, tensors, cfg, source_dir, max_bytes, card, metadata)
+    for name, text in (files or {}).items():
+      if os.path.basename(name) != name or name in (CONFIG, CARD, INDEX) or name.endswith(".safetensors"):
+        raise ValueError(f"files: {name!r} is not a tokenizer file name")
+      if name in written:
+        os.remove(os.path.join(tmp, name))
+        written.remove(name)
+      if text is not None:
+        fileio.write_text(os.path.join(tmp, name), text)
+        written.append(name)
     _share_files(tmp)
     _replace(tmp, out_dir)
   except BaseException:

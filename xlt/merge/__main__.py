@@ -60,7 +60,7 @@ _EVALUATE_ARGS = flags.DEFINE_string("evaluate_args", "", "more flags of python 
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "replace the output directory even when it is a non-empty "
                                "directory xlt did not write")
 FIELDS = ("method", "inputs", "options", "naming", "heatmaps", "output", "config_from", "max_shard_size", "dtype",
-          "vocab", "chat_template")
+          "vocab", "tokenizer", "chat_template")
 
 
 def inputs_of(method: str, inputs: dict) -> dict:
@@ -104,7 +104,8 @@ def merge_config(c, *, overwrite: bool = False) -> dict:
                              naming=c.get("naming", "auto"), heatmaps=c.get("heatmaps", True),
                              config_from=c.get("config_from") or None,
                              max_shard_bytes=c.get("max_shard_size") or hf.DEFAULT_MAX_SHARD_BYTES,
-                             dtype=c.get("dtype") or None, vocab=c.get("vocab") or None, overwrite=overwrite)
+                             dtype=c.get("dtype") or None, vocab=c.get("vocab") or None,
+                             tokenizer=c.get("tokenizer") or None, overwrite=overwrite)
   if template:
     chat.write(summary["output"], template)
   fileio.write_text(os.path.join(c["output"], "summary.json"), json.dumps(summary, indent=1) + "\n")
@@ -128,8 +129,8 @@ def _stack(c: dict, options: dict, overwrite: bool) -> dict:
   """The layer stack (xlt.merge.stack) of options["slices"], written to c["output"]."""
   if unknown := sorted(set(options) - {"slices", "scale"}):
     raise ValueError(f"layer_stack takes the options slices and scale only, got {', '.join(unknown)}")
-  if c.get("vocab"):
-    raise ValueError("vocab: a layer stack takes its embedding and head as they are (no vocab option)")
+  if c.get("vocab") or c.get("tokenizer"):
+    raise ValueError("vocab: a layer stack takes its embedding and head as they are (no vocab or tokenizer option)")
   return stack.stack_files(options.get("slices") or [], c["output"], scale=options.get("scale"),
                            naming=c.get("naming", "auto"),
                            dtype=c.get("dtype") or None, overwrite=overwrite,
@@ -138,8 +139,9 @@ def _stack(c: dict, options: dict, overwrite: bool) -> dict:
 
 def _sliced(c: dict, options: dict, overwrite: bool) -> dict:
   """The merge over slices (xlt.merge.sliced) a mergekit YAML's slices map to."""
-  if c.get("vocab"):
-    raise ValueError("vocab: a merge over slices takes the inputs' vocabularies as they are (no vocab option)")
+  if c.get("vocab") or c.get("tokenizer"):
+    raise ValueError("vocab: a merge over slices takes the inputs' vocabularies as they are (no vocab or tokenizer "
+                     "option)")
   return sliced.merge_sliced(options["merge_method"], c.get("inputs") or {}, options["ranges"], options["models"],
                              options["per_slice"], c["output"], naming=c.get("naming", "auto"),
                              dtype=c.get("dtype") or None, overwrite=overwrite,

@@ -5,14 +5,15 @@ What maps: `merge_method` (a method both tools have; mergekit's linear is xlt's 
 xlt's dare), `base_model`, `models: [{model, parameters: {weight, density, ...}}]` (the base
 may be listed among them, as mergekit allows), global `parameters` (normalize, lambda, t,
 rescale, ...), `dtype` / `out_dtype` (the output's dtype: xlt always computes in float32),
-`tokenizer_source: base|union` (xlt's vocab option), and `slices`: one slice whose sources all
+`tokenizer_source: base|union` (xlt's vocab option), `tokenizer: {source, tokens,
+pad_to_multiple_of}` (with a model as the source or with tokens: xlt.merge.vocabulary), and `slices`: one slice whose sources all
 cover every layer (the same as `models`), other slices of a merge method (xlt.merge.sliced: a
 merge over slices, parameters per slice), and a passthrough layer swap
 (model A's layers [0, b) and [L-u, L), model B's [b, L-u), each at its own position), and any
 other passthrough stack, one that repeats, reorders or drops layers (a "frankenmerge":
 xlt.merge.stack, the output of its own depth). Per-model values (weight, density, gamma,
 epsilon) may be gradients over the layers or `filter`ed values (by tensor name), as t may
-(xlt.merge.layerwise). Everything else (other filtered values, tokenizer and chat template blocks)
+(xlt.merge.layerwise). Everything else (filtered values of other parameters, modules blocks, ...)
 is refused with one line naming the key. mergekit's defaults are written out where xlt's
 differ (density 1.0, ties/dare in mergekit's convention), so a mapped merge is mergekit's.
 """
@@ -130,11 +131,11 @@ def from_mergekit(cfg: dict) -> dict:
     raise ValueError(f"merge_method: {name!r} is not one of the methods both tools have: {', '.join(_METHODS)}")
   base = _model(cfg.get("base_model"), "base_model") if cfg.get("base_model") else None
   params = dict(cfg.get("parameters") or {})
-  vocab = _vocab(cfg.get("tokenizer_source")) if "tokenizer" not in cfg else _tokenizer(cfg)
+  vocab, tokenizer = (_vocab(cfg.get("tokenizer_source")), None) if "tokenizer" not in cfg else _tokenizer(cfg)
   template = cfg.get("chat_template")
   if template is not None and (not isinstance(template, str) or not template):
     raise ValueError(f"chat_template: Jinja text or auto, got {template!r}")
-  extra = {"chat_template": template} if template else {}
+  extra = ({"chat_template": template} if template else {}) | ({"tokenizer": tokenizer} if tokenizer else {})
   dtype = cfg.get("out_dtype") or cfg.get("dtype") or None
   if bool(cfg.get("models")) == bool(cfg.get("slices")):
     raise ValueError("models / slices: give exactly one of them")
@@ -216,18 +217,27 @@ def _vocab(source) -> str | None:
   raise ValueError(f"tokenizer_source: {source!r}; xlt maps base and union (its vocab option) only")
 
 
-def _tokenizer(cfg: dict) -> str | None:
-  """vocab of mergekit's `tokenizer: {source: base|union}` (as tokenizer_source maps)."""
+def _tokenizer(cfg: dict) -> tuple[str | None, dict | None]:
+  """(vocab, tokenizer) of mergekit's `tokenizer:` block: `{source: base|union}` alone is xlt's
+  vocab option (as tokenizer_source maps); a model as the source, `tokens:` or
+  `pad_to_multiple_of` are the tokenizer option (xlt.merge.vocabulary, token by token)."""
   block = cfg["tokenizer"]
   if "tokenizer_source" in cfg:
     raise ValueError("tokenizer / tokenizer_source: give one of them")
-  if not isinstance(block, dict) or set(block) - {"source"}:
-    extra = sorted(set(block) - {"source"})[0] if isinstance(block, dict) else "source"
-    raise ValueError(f"tokenizer.{extra}: not supported by xlt (it maps tokenizer: {{source: base|union}})")
-  try:
-    return _vocab(block.get("source"))
-  except ValueError:
-    raise ValueError(f"tokenizer.source: {block.get('source')!r}; xlt maps base and union only") from None
+  keys = ("source", "tokens", "pad_to_multiple_of")
+  if not isinstance(block, dict) or set(block) - set(keys):
+    extra = sorted(set(block) - set(keys))[0] if isinstance(block, dict) else "source"
+    raise ValueError(f"tokenizer.{extra}: not supported by xlt (it maps tokenizer: {{{', '.join(keys)}}})")
+  source = block.get("source", "union")  # mergekit's default
+  if not isinstance(source, str) or not source:
+    raise ValueError(f"tokenizer.source: base, union or a model directory, got {source!r}")
+  if set(block) <= {"source"} and source in ("base", "union"):
+    return source, None
+  if "tokens" in block and not isinstance(block["tokens"], dict):
+    raise ValueError(f"tokenizer.tokens: a mapping {{token: {{source, force}}}}, got {block['tokens']!r}")
+  if source not in ("base", "union"):
+    _model(source, "tokenizer.source")
+  return None, {"source": source, **{k: block[k] for k in keys[1:] if block.get(k) is not None}}
 
 
 def _entry(m, where: str) -> tuple[str, dict]:

@@ -19,7 +19,7 @@ import numpy as np
 from xlt import param_paths as naming_lib
 from xlt.io import hf_dir as hf
 from xlt.io.tensor_files import load
-from xlt.merge import analysis, lora_adapters, registry
+from xlt.merge import analysis, lora_adapters, registry, vocabulary
 
 
 def _adapter_of(path: str) -> tuple[str, str | None]:
@@ -71,7 +71,7 @@ def _check_output(output: str, overwrite: bool) -> None:
 def merge_files(inputs: dict, method: str, output: str, options: dict | None = None, *,
                 naming: str | naming_lib.Naming = "auto", heatmaps: bool = True, config_from: str | None = None,
                 max_shard_bytes: int | str = hf.DEFAULT_MAX_SHARD_BYTES, dtype: str | None = None,
-                vocab: str | None = None, overwrite: bool = False) -> dict:
+                vocab: str | None = None, tokenizer: dict | None = None, overwrite: bool = False) -> dict:
   """Merges checkpoint files with one of the registry's methods and writes `output` as a model
   directory (xlt.io.hf_dir: model.safetensors or shards with their index, config.json and
   tokenizer files from `source_model`, README.md naming inputs, method and options), plus
@@ -89,6 +89,9 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
   vocab: what to do when the inputs' vocabularies differ (more rows in the embedding and
     head tensors of one input, e.g. a language expert with an extended tokenizer); see
     `fit_vocab`: None (an error naming the tensor), "base" or "union".
+  tokenizer: mergekit's tokenizer block ({source: base|union|<model dir>, tokens: {...},
+    pad_to_multiple_of}) instead of `vocab`: the inputs' embeddings and heads re-indexed token by
+    token to the output's vocabulary (xlt.merge.vocabulary), the tokenizer written with it.
   Every check (method, roles, options, file headers, names, shapes and dtypes across the
   inputs) runs before any tensor is read, each failure a one-line ValueError naming the
   file and the tensor, and the output directory is replaced only once the new one is complete.
@@ -104,8 +107,17 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
   first = labelled[0][1]
   nm = registry.naming_for_method(m, options, list(first), naming)
   source = source_model(inputs, roles, config_from)
-  config = None
-  if vocab is not None:
+  config, files = None, None
+  if vocab is not None and tokenizer is not None:
+    raise ValueError("vocab / tokenizer: give one of them")
+  if tokenizer is not None:
+    fitted, p = vocabulary.align(labelled, 0 if "base" in inputs else None, tokenizer,
+                                 lambda name: _vocab_kind(name, nm), [_vocab_size(path) for path, _ in labelled])
+    trees = _refit(inputs, trees, dict(zip((path for path, _ in labelled), fitted)))
+    labelled = _labelled(inputs, trees, ["base"] + roles)
+    source = source if config_from else labelled[0][0].partition("+")[0]  # mergekit's: the base, else the first
+    config, files = _with_vocab_size(source, p.rows), vocabulary.tokenizer_files(p, source)
+  elif vocab is not None:
     reference = 0 if "base" in inputs else next((i for i, (p, _) in enumerate(labelled) if p == source), 0)
     fitted, rows, largest = fit_vocab(labelled, vocab, nm, reference)
     trees = _refit(inputs, trees, dict(zip((p for p, _ in labelled), fitted)))
@@ -119,10 +131,12 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
   card = {"title": f"{method} merge", "method": method, "inputs": inputs, "options": options}
   if vocab:
     card["vocab"] = vocab
+  if tokenizer:
+    card["tokenizer"] = tokenizer
   written = hf.write_model_dir(merged, output, source_dir=source, config=config, card=card,
                                max_shard_bytes=max_shard_bytes, dtype=dtype,
                                metadata={"merge_method": method, "options": json.dumps(options, sort_keys=True)},
-                               weights_only=source is None, overwrite=overwrite)
+                               weights_only=source is None, overwrite=overwrite, files=files)
   del merged
   summary = {"output": written["dir"], "files": written["files"], "config_from": source, "naming": nm.name,
              "tensors": len(first), "bytes": int(sum(x.nbytes for x in first.values())), "heatmaps": []}

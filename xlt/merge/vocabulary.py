@@ -1,0 +1,344 @@
+"""mergekit's `tokenizer:` block: inputs whose tokenizers differ, aligned token by token before
+the merge (mergekit/tokenizer/build.py and embed.py, whose rules this follows).
+
+The output's vocabulary comes from `source`: "base" (the base's tokenizer; tokens only other
+inputs know are dropped), "union" (the base's, then every other input's tokens it lacks) or a
+model directory (that model's tokenizer); the keys of `tokens` it lacks are added. Each input's
+embedding and head are then re-indexed to that vocabulary: a token the input has keeps the
+input's row (under its own id there); a token it lacks gets a default row, the same for every
+input lacking it:
+  - the token's `tokens` rule: `source: <model>` (that model's row of the token), `source: {kind:
+    model_token, model, token | token_id}` (that model's row of another token, or its raw row
+    `token_id`), `source: {kind: zero}`; with `force: true` every input takes the rule's row,
+    those that have the token too;
+  - else (mergekit's defaults): the row of the one input that has the token; the base's row
+    when the base has it; the mean of the rows of the inputs that have it; zero when none has it.
+Rows past the vocabulary (`pad_to_multiple_of`) are each input's mean row. The merge method
+then merges the aligned tensors as any others.
+
+The vocabularies are read from the inputs' tokenizer.json (no tokenizer library): the model's
+vocab (a map, or Unigram's list of pieces) and its added tokens; ids at or past config.json's
+vocab_size are unused rows, not tokens. The union's new tokens are numbered input by input, in
+each input's id order (mergekit numbers them in the order of a hash map, which can change from
+one run to the next: its rows per token are the same, its ids may differ). The output's
+tokenizer.json is the source's with the new tokens appended as added tokens (as transformers'
+add_tokens does for mergekit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+from xlt.io import fileio
+
+TOKENIZER = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+SOURCES = ("base", "union")
+_MAX_BYTES = 256 << 20  # a tokenizer.json of a 1M-token vocabulary is well under this
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """A `tokens:` entry: where the token's default row comes from, and whether every input takes it."""
+  kind: str | None  # "model" (the token's own row), "model_token" (another row), "zero", None (no source)
+  model: str | None = None
+  token: str | None = None
+  token_id: int | None = None
+  force: bool = False
+
+
+def _same(a: str, b: str) -> bool:
+  return os.path.normpath(str(a)) == os.path.normpath(str(b))
+
+
+def parse_rules(tokens, models: list[str]) -> dict[str, Rule]:
+  """{token: Rule} of mergekit's `tokens:` mapping; ValueError (one line) naming the entry."""
+  if tokens is None:
+    return {}
+  if not isinstance(tokens, dict):
+    raise ValueError(f"tokenizer.tokens: a mapping {{token: {{source, force}}}}, got {tokens!r}")
+  rules = {}
+  for token, entry in tokens.items():
+    where = f"tokenizer.tokens[{token!r}]"
+    if not isinstance(token, str) or not token:
+      raise ValueError(f"{where}: a token is a non-empty string")
+    if not isinstance(entry, dict) or set(entry) - {"source", "force"}:
+      raise ValueError(f"{where}: an entry is {{source: <model> | {{kind: zero}} | {{kind: model_token, model, "
+                       f"token | token_id}}, force: true|false}}, got {entry!r}")
+    force = entry.get("force", False)
+    if not isinstance(force, bool):
+      raise ValueError(f"{where}.force: true or false, got {force!r}")
+    rules[token] = _rule(entry.get("source"), force, models, where)
+  return rules
+
+
+def _rule(source, force: bool, models: list[str], where: str) -> Rule:
+  if source is None:
+    return Rule(None, force=force)
+  if isinstance(source, str):
+    return Rule("model", _model(source, models, where), force=force)
+  if not isinstance(source, dict) or source.get("kind") not in ("zero", "model_token"):
+    raise ValueError(f"{where}.source: a model, {{kind: zero}} or {{kind: model_token, ...}}, got {source!r}")
+  if source["kind"] == "zero":
+    if set(source) != {"kind"}:
+      raise ValueError(f"{where}.source: {{kind: zero}} takes nothing else, got {source!r}")
+    return Rule("zero", force=force)
+  if set(source) - {"kind", "model", "token", "token_id"} or ("token" in source) == ("token_id" in source):
+    raise ValueError(f"{where}.source: {{kind: model_token, model, token}} or {{..., token_id}} (one of them), "
+                     f"got {source!r}")
+  token_id = source.get("token_id")
+  if token_id is not None and (isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0):
+    raise ValueError(f"{where}.source.token_id: a row number, got {token_id!r}")
+  token = source.get("token")
+  if token is not None and not isinstance(token, str):
+    raise ValueError(f"{where}.source.token: a token (a string), got {token!r}")
+  return Rule("model_token", _model(source.get("model"), models, where), token, token_id, force)
+
+
+def _model(ref, models: list[str], where: str) -> str:
+  match = next((m for m in models if isinstance(ref, str) and _same(ref, m)), None)
+  if match is None:
+    raise ValueError(f"{where}.source: {ref!r} is not one of the merge's models ({', '.join(models)})")
+  return match
+
+
+def _tokenizer_json(model: str) -> dict:
+  path = os.path.join(str(model).partition("+")[0], TOKENIZER)
+  if not os.path.isfile(path):
+    raise ValueError(f"{model} has no {TOKENIZER}: the tokenizer block reads each input's vocabulary from it")
+  fileio.check_size(path, _MAX_BYTES)
+  try:
+    with open(path, encoding="utf-8") as f:
+      tok = json.load(f)
+    if not isinstance(tok["model"]["vocab"], (dict, list)):
+      raise TypeError
+  except (ValueError, KeyError, TypeError):
+    raise ValueError(f"{path} is not a tokenizers file (JSON with model.vocab)") from None
+  return tok
+
+
+def vocab_of(model: str) -> dict[str, int]:
+  """{token: id} of a model directory's tokenizer.json (its model's vocab and added tokens), as
+  transformers' get_vocab gives it."""
+  return _vocab(_tokenizer_json(model), model)
+
+
+def _vocab(tok: dict, model: str) -> dict[str, int]:
+  vocab = tok["model"]["vocab"]
+  try:
+    out = dict(vocab) if isinstance(vocab, dict) else {piece[0]: i for i, piece in enumerate(vocab)}
+    out |= {a["content"]: a["id"] for a in tok.get("added_tokens") or []}
+  except (KeyError, TypeError, IndexError):
+    raise ValueError(f"{model}/{TOKENIZER}: model.vocab or added_tokens is not a tokenizers vocabulary") from None
+  if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in out.values()):
+    raise ValueError(f"{model}/{TOKENIZER}: a token id is not a non-negative integer")
+  return out
+
+
+@dataclasses.dataclass
+class Plan:
+  """The output vocabulary and, per input, where each of its output rows comes from."""
+  vocab: dict[str, int]  # the output's {token: id}
+  rows: int  # the output's rows (past the vocabulary: padding)
+  take: list[np.ndarray]  # per input, [rows]: the input's own row for each output row, -1 for none
+  fill: dict[int, tuple]  # output row -> ((input, row), ...) averaged for the inputs without one; () = zero
+  added: list[str]  # tokens appended to the source tokenizer, in id order
+  tokenizer_dir: str  # the model whose tokenizer the output's extends
+  input_rows: list[int]  # each input's vocabulary rows: config.json's vocab_size, else its tokenizer's
+
+
+def plan(models: list[str], base: int | None, source: str, rules: dict[str, Rule],
+         sizes: list[int | None], pad_to_multiple_of: int | None = None) -> Plan:
+  """The alignment of `models` (paths; `base`: the base's index, None when the merge has none)
+  for mergekit's tokenizer `source` ("base", "union" or a model directory) and `rules`
+  (`parse_rules`); `sizes`: each input's config.json vocab_size (None: its tokenizer's size)."""
+  raw = [vocab_of(m) for m in models]
+  # ids at or past vocab_size are unused rows of the model, not tokens (mergekit strips them)
+  vocabs = [{t: i for t, i in v.items() if n is None or i < n} for v, n in zip(raw, sizes)]
+  first = 0 if base is None else base  # mergekit builds on the first model when there is no base
+  if source in SOURCES and len(vocabs[first]) < len(raw[first]):
+    raise ValueError(f"tokenizer.source: {source}: {models[first]}'s tokenizer has tokens at or past its config's "
+                     f"vocab_size {sizes[first]} (mergekit strips them from a BPE tokenizer; xlt does not)")
+  if source == "base":
+    tokenizer_dir, out = models[first], dict(vocabs[first])
+  elif source == "union":
+    tokenizer_dir, out = models[first], dict(vocabs[first])
+    for v in [vocabs[first]] + vocabs:
+      for token in sorted(v, key=v.get):
+        out.setdefault(token, _next_id(out))
+  else:
+    tokenizer_dir, out = source, vocab_of(source)
+  for token in rules:
+    out.setdefault(token, _next_id(out))
+  added = sorted((t for t in out if t not in _raw_vocab(tokenizer_dir, source, vocabs[first])), key=out.get)
+  n = _next_id(out)
+  rows = -(-n // pad_to_multiple_of) * pad_to_multiple_of if pad_to_multiple_of else n
+  take = [np.full(rows, -1, np.int64) for _ in models]
+  for t, v in zip(take, vocabs):
+    for token, i in out.items():
+      if token in v:
+        t[i] = v[token]
+  fill = {}
+  for token, i in out.items():
+    rule = rules.get(token)
+    have = [j for j, t in enumerate(take) if t[i] >= 0]
+    if len(have) == len(models) and not (rule and rule.force):
+      continue
+    if rule is None:
+      rule = _default_rule(have, base, models)
+    fill[i] = _rows_of(rule, token, i, have, take, models, vocabs)
+    if rule.force:
+      for t in take:
+        t[i] = -1
+  input_rows = [n if n is not None else _next_id(v) for v, n in zip(raw, sizes)]
+  return Plan(out, rows, take, fill, added, tokenizer_dir, input_rows)
+
+
+def _next_id(vocab: dict) -> int:
+  return max(vocab.values(), default=-1) + 1
+
+
+def _raw_vocab(tokenizer_dir: str, source: str, first_vocab: dict) -> dict:
+  """The tokens the output's tokenizer file already holds (those not to add)."""
+  return first_vocab if source in SOURCES else vocab_of(tokenizer_dir)
+
+
+def _default_rule(have: list[int], base: int | None, models: list[str]) -> Rule:
+  """mergekit's default for a token some inputs lack (embed.py's assign_embedding_sources)."""
+  if len(have) == 1:
+    return Rule("model", models[have[0]])
+  if not have:
+    return Rule("zero")
+  if base is not None and base in have:
+    return Rule("model", models[base])
+  return Rule("mean")
+
+
+def _rows_of(rule: Rule, token: str, i: int, have: list[int], take: list, models: list[str], vocabs: list) -> tuple:
+  """((input, row), ...) whose mean is the default row of output row i; () for zero."""
+  where = f"tokenizer.tokens[{token!r}]"
+  if rule.kind == "mean":
+    return tuple((j, int(take[j][i])) for j in have)
+  if rule.kind == "zero":
+    return ()
+  if rule.kind is None:
+    raise ValueError(f"{where}: not every input has this token, so it needs a source (mergekit fails here too)")
+  j = models.index(rule.model)
+  if rule.kind == "model":
+    if take[j][i] < 0:
+      raise ValueError(f"{where}.source: {rule.model} has no token {token!r}")
+    return ((j, int(take[j][i])),)
+  if rule.token is not None:
+    if rule.token not in vocabs[j]:
+      raise ValueError(f"{where}.source: {rule.model} has no token {rule.token!r}")
+    return ((j, vocabs[j][rule.token]),)
+  return ((j, rule.token_id),)
+
+
+def align(labelled: list[tuple[str, dict]], base: int | None, block: dict, is_vocab, sizes: list) -> tuple:
+  """(trees, plan): the inputs' flat trees (labelled by their paths, `base` the base's index or
+  None) with every vocabulary tensor (`is_vocab(name)`: embedding and head) re-indexed to the
+  vocabulary of mergekit's tokenizer `block` ({source, tokens, pad_to_multiple_of}), lazily."""
+  models = [path for path, _ in labelled]
+  source, pad = block.get("source", "union"), block.get("pad_to_multiple_of")
+  if not isinstance(source, str) or not source:
+    raise ValueError(f"tokenizer.source: base, union or a model directory, got {source!r}")
+  if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or pad < 1):
+    raise ValueError(f"tokenizer.pad_to_multiple_of: a positive integer, got {pad!r}")
+  if source not in SOURCES and not os.path.isfile(os.path.join(source.partition("+")[0], TOKENIZER)):
+    raise ValueError(f"tokenizer.source: {source!r} is neither base, union nor a model directory with {TOKENIZER}")
+  p = plan(models, base, source, parse_rules(block.get("tokens"), models), sizes, pad)
+  trees = [dict(t) for _, t in labelled]
+  # an embedding or head tensor with a row per token in every input (not the final norm)
+  names = [k for k in labelled[0][1] if is_vocab(k) and all(
+      k in t and len(t[k].shape) and t[k].shape[0] == n for t, n in zip(trees, p.input_rows))]
+  if not names:
+    raise ValueError("tokenizer: no embedding or head tensor found to re-index (pass naming=...)")
+  for name in names:
+    xs = [t[name] for t in trees]
+    for i, t in enumerate(trees):
+      t[name] = Aligned(xs, i, p, name)
+  return trees, p
+
+
+class Aligned:
+  """Input `index`'s vocabulary tensor re-indexed to the plan's rows as it is read: its own rows
+  where `take` has one, the mean of the `fill` rows (read from every input's tensor of this
+  name, `tensors`) where not, and past the vocabulary the mean of the rows before."""
+
+  def __init__(self, tensors: list, index: int, p: Plan, name: str):
+    self.tensors, self.index, self.plan = tensors, index, p
+    x = tensors[index]
+    self.shape, self.dtype = (p.rows,) + tuple(x.shape[1:]), x.dtype
+    self.ndim, self.size = len(self.shape), int(np.prod(self.shape, dtype=np.int64))
+    self.nbytes = self.size * np.dtype(self.dtype).itemsize
+    for j, y in enumerate(tensors):  # every row the plan reads must exist
+      last = max([int(p.take[j].max())] + [r for src in p.fill.values() for k, r in src if k == j])
+      if last >= y.shape[0]:
+        raise ValueError(f"tensor {name}: row {last} of input {j} is read, but it has {y.shape[0]} rows "
+                         "(a token id past the tensor)")
+
+  def __array__(self, dtype=None, copy=None):
+    p, a = self.plan, np.asarray(self.tensors[self.index])
+    compute = np.promote_types(a.dtype, np.float32)
+    out = np.zeros(self.shape, compute)
+    own = p.take[self.index]
+    out[own >= 0] = a[own[own >= 0]]
+    read = {self.index: a}
+    for i, src in p.fill.items():
+      if own[i] >= 0:
+        continue
+      for j, _ in src:
+        if j not in read:
+          read[j] = np.asarray(self.tensors[j])
+      if src:  # summed in order then divided, as mergekit does
+        total = np.zeros(self.shape[1:], compute)
+        for j, r in src:
+          total = total + read[j][r].astype(compute)
+        out[i] = total / len(src)
+    n = _next_id(p.vocab)
+    if self.shape[0] > n:
+      out[n:] = out[:n].mean(axis=0)
+    out = out.astype(self.dtype)
+    return out if dtype is None else out.astype(dtype)
+
+
+def tokenizer_files(p: Plan, config_dir: str | None) -> dict[str, str | None]:
+  """{file: text, or None to drop a copied one} that make the output's tokenizer the plan's: the
+  source's tokenizer.json with the new tokens appended as added tokens (and in tokenizer_config.json's
+  added_tokens_decoder when it has one), and the source's other tokenizer files when the
+  tokenizer comes from another model than the config."""
+  model = str(p.tokenizer_dir).partition("+")[0]
+  files: dict[str, str | None] = {}
+  if config_dir is None or not _same(model, config_dir):
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt",
+                 "added_tokens.json"):
+      files[name] = _read(os.path.join(model, name))
+  tok = _tokenizer_json(model)
+  tok["added_tokens"] = list(tok.get("added_tokens") or [])
+  entries = [{"id": p.vocab[t], "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": True, "special": False} for t in p.added]
+  tok["added_tokens"] += entries
+  files[TOKENIZER] = json.dumps(tok, indent=2, ensure_ascii=False) + "\n"
+  config_text = files[TOKENIZER_CONFIG] if TOKENIZER_CONFIG in files else _read(os.path.join(model, TOKENIZER_CONFIG))
+  try:
+    config = json.loads(config_text) if config_text else None
+  except ValueError:
+    config = None
+  if isinstance(config, dict) and isinstance(config.get("added_tokens_decoder"), dict) and entries:
+    for e in entries:
+      config["added_tokens_decoder"][str(e["id"])] = {k: v for k, v in e.items() if k != "id"}
+    files[TOKENIZER_CONFIG] = json.dumps(config, indent=2, ensure_ascii=False) + "\n"
+  return files
+
+
+def _read(path: str) -> str | None:
+  if not os.path.isfile(path):
+    return None
+  fileio.check_size(path, _MAX_BYTES)
+  with open(path, encoding="utf-8") as f:
+    return f.read()
