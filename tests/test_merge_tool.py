@@ -296,10 +296,10 @@ def test_mergekit_example_files(tmp_path):
 
 
 @pytest.mark.parametrize("cfg, key", [
-    ({"merge_method": "ties", "models": [{"model": "a"}], "base_model": "b", "tokenizer": {"source": "x"}},
-     "tokenizer.source: 'x'; xlt maps base and union only"),
+    ({"merge_method": "ties", "models": [{"model": "a"}], "base_model": "b", "tokenizer": {"source": ["x"]}},
+     r"tokenizer.source: base, union or a model directory, got \['x'\]"),
     ({"merge_method": "ties", "models": [{"model": "a"}], "base_model": "b",
-      "tokenizer": {"source": "union", "tokens": {"<x>": {"source": "a"}}}}, "tokenizer.tokens: not supported"),
+      "tokenizer": {"source": "union", "pad": 8}}, "tokenizer.pad: not supported"),
     ({"merge_method": "sce", "base_model": "a", "models": [{"model": "b"}],
       "parameters": {"select_topk": [{"filter": "self_attn", "value": 0.1}, {"value": 0.5}]}},
      "parameters.select_topk: filtered or conditional values .* are supported for t, weight"),

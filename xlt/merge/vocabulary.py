@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 
 import numpy as np
 
@@ -39,6 +40,8 @@ TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SOURCES = ("base", "union")
 _MAX_BYTES = 256 << 20  # a tokenizer.json of a 1M-token vocabulary is well under this
+# outside the blocks but not a row per token: final norms, position embeddings
+_NOT_PER_TOKEN = re.compile(r"norm|(^|[._/])ln_f([._/]|$)|wpe|position")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,31 +166,30 @@ def plan(models: list[str], base: int | None, source: str, rules: dict[str, Rule
   if source in SOURCES and len(vocabs[first]) < len(raw[first]):
     raise ValueError(f"tokenizer.source: {source}: {models[first]}'s tokenizer has tokens at or past its config's "
                      f"vocab_size {sizes[first]} (mergekit strips them from a BPE tokenizer; xlt does not)")
-  if source == "base":
+  if source in SOURCES:
     tokenizer_dir, out = models[first], dict(vocabs[first])
-  elif source == "union":
-    tokenizer_dir, out = models[first], dict(vocabs[first])
-    for v in [vocabs[first]] + vocabs:
-      for token in sorted(v, key=v.get):
-        out.setdefault(token, _next_id(out))
   else:
     tokenizer_dir, out = source, vocab_of(source)
-  for token in rules:
-    out.setdefault(token, _next_id(out))
-  added = sorted((t for t in out if t not in _raw_vocab(tokenizer_dir, source, vocabs[first])), key=out.get)
-  n = _next_id(out)
+  held, n = dict(out), _next_id(out)  # the tokens the output's tokenizer file already holds
+  extra = [t for v in [vocabs[first]] + vocabs for t in sorted(v, key=v.get)] if source == "union" else []
+  for token in extra + list(rules):
+    if token not in out:
+      out[token], n = n, n + 1
+  added = [t for t in out if t not in held]
   rows = -(-n // pad_to_multiple_of) * pad_to_multiple_of if pad_to_multiple_of else n
   take = [np.full(rows, -1, np.int64) for _ in models]
   for t, v in zip(take, vocabs):
-    for token, i in out.items():
-      if token in v:
-        t[i] = v[token]
+    at = np.fromiter((out.get(token, -1) for token in v), np.int64, len(v))
+    rows_in = np.fromiter(v.values(), np.int64, len(v))
+    t[at[at >= 0]] = rows_in[at >= 0]
+  present = np.stack([t[:len(out)] >= 0 for t in take])
+  ids = {i: token for token, i in out.items()}
   fill = {}
-  for token, i in out.items():
-    rule = rules.get(token)
-    have = [j for j, t in enumerate(take) if t[i] >= 0]
-    if len(have) == len(models) and not (rule and rule.force):
-      continue
+  # the rows some input lacks, and the forced ones: each a default row (vectorised: a real
+  # vocabulary has 10^5 tokens, of which these are a few)
+  for i in sorted(set(np.flatnonzero(~present.all(axis=0)).tolist()) | {out[t] for t, r in rules.items() if r.force}):
+    token, rule = ids[i], rules.get(ids[i])
+    have = np.flatnonzero(present[:, i]).tolist()
     if rule is None:
       rule = _default_rule(have, base, models)
     fill[i] = _rows_of(rule, token, i, have, take, models, vocabs)
@@ -200,11 +202,6 @@ def plan(models: list[str], base: int | None, source: str, rules: dict[str, Rule
 
 def _next_id(vocab: dict) -> int:
   return max(vocab.values(), default=-1) + 1
-
-
-def _raw_vocab(tokenizer_dir: str, source: str, first_vocab: dict) -> dict:
-  """The tokens the output's tokenizer file already holds (those not to add)."""
-  return first_vocab if source in SOURCES else vocab_of(tokenizer_dir)
 
 
 def _default_rule(have: list[int], base: int | None, models: list[str]) -> Rule:
@@ -254,7 +251,7 @@ def align(labelled: list[tuple[str, dict]], base: int | None, block: dict, is_vo
   p = plan(models, base, source, parse_rules(block.get("tokens"), models), sizes, pad)
   trees = [dict(t) for _, t in labelled]
   # an embedding or head tensor with a row per token in every input (not the final norm)
-  names = [k for k in labelled[0][1] if is_vocab(k) and all(
+  names = [k for k in labelled[0][1] if is_vocab(k) and not _NOT_PER_TOKEN.search(k) and all(
       k in t and len(t[k].shape) and t[k].shape[0] == n for t, n in zip(trees, p.input_rows))]
   if not names:
     raise ValueError("tokenizer: no embedding or head tensor found to re-index (pass naming=...)")
