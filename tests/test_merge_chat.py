@@ -1,5 +1,5 @@
-"""mergekit's `chat_template:` and `tokenizer: {source: ...}` from a mergekit YAML (xlt.merge.chat,
-xlt.merge.from_mergekit): the output carries the template given (or the inputs' plurality one for
+"""mergekit's `chat_template:` and `tokenizer: {source: ...}` / `tokenizer_source` from a mergekit YAML
+(xlt.merge.chat, xlt.merge.from_mergekit): the output carries the template given (or the inputs' plurality one for
 "auto") as chat_template.jinja, checked in jinja2's sandbox before the merge; transformers reads
 it where installed."""
 
@@ -67,9 +67,16 @@ def test_bad_templates_fail_before_the_merge(tmp_path):
   assert not os.path.exists(tmp_path / "out")
 
 
-def test_tokenizer_source_block_maps_to_vocab():
+def test_tokenizer_source_maps_to_the_tokenizer_option():
+  # token by token (xlt.merge.vocabulary) where every input has tokenizer.json, mergekit's
+  # semantics; by row number only where rows are unambiguous (tests/test_merge_vocab.py)
   cfg = {"merge_method": "linear", "models": [{"model": "a"}, {"model": "b"}]}
-  assert from_mergekit.from_mergekit(cfg | {"tokenizer": {"source": "union"}})["vocab"] == "union"
-  assert from_mergekit.from_mergekit(cfg | {"tokenizer": {"source": "base"}})["vocab"] == "base"
+  for source in ("union", "base", "b"):
+    for given in ({"tokenizer": {"source": source}}, {"tokenizer_source": source}):
+      got = from_mergekit.from_mergekit(cfg | given)
+      assert got["tokenizer"] == {"source": source} and "vocab" not in got, given
+  assert "tokenizer" not in from_mergekit.from_mergekit(cfg)
+  with pytest.raises(ValueError, match="tokenizer_source: base, union or a model directory, got 3"):
+    from_mergekit.from_mergekit(cfg | {"tokenizer_source": 3})
   with pytest.raises(ValueError, match="tokenizer / tokenizer_source: give one of them"):
     from_mergekit.from_mergekit(cfg | {"tokenizer": {"source": "base"}, "tokenizer_source": "base"})

@@ -192,7 +192,7 @@ def test_mergekit_examples_map():
           "merge_method": "ties", "base_model": "base", "parameters": {"normalize": True, "int8_mask": True},
           "dtype": "float16"}
   assert from_mergekit.from_mergekit(ties) == {
-      "method": "ties", "inputs": {"base": "base", "experts": ["a", "b"]}, "dtype": "float16", "vocab": None,
+      "method": "ties", "inputs": {"base": "base", "experts": ["a", "b"]}, "dtype": "float16",
       "options": {"lambdas": [0.7, 0.3], "convention": "mergekit", "density": 0.5}}
   linear = {"models": [{"model": m, "parameters": {"weight": w}} for m, w in (("a", 1.0), ("b", 0.3))],
             "merge_method": "linear", "dtype": "float16"}
@@ -272,12 +272,12 @@ def test_mergekit_example_files(tmp_path):
                      ("stack", STACK_YML)):
     (tmp_path / f"{name}.yml").write_text(text)
   got = from_mergekit.load_yaml(str(tmp_path / "linear.yml"))
-  assert got == {"method": "soup", "dtype": "float16", "vocab": None, "options": {"weights": [1.0, 0.3, 0.5]},
+  assert got == {"method": "soup", "dtype": "float16", "options": {"weights": [1.0, 0.3, 0.5]},
                  "inputs": {"experts": ["psmathur/orca_mini_v3_13b", "WizardLM/WizardLM-13B-V1.2",
                                         "garage-bAInd/Platypus2-13B"]}}
   # a frankenmerge of 44 layers (four repeated): xlt.merge.stack, tests/test_merge_stack.py
   got = from_mergekit.load_yaml(str(tmp_path / "stack.yml"))
-  assert got == {"method": "layer_stack", "dtype": "float16", "vocab": None,
+  assert got == {"method": "layer_stack", "dtype": "float16",
                  "inputs": {"models": ["psmathur/orca_mini_v3_13b", "garage-bAInd/Platypus2-13B"]},
                  "options": {"slices": [["psmathur/orca_mini_v3_13b", 0, 24], ["garage-bAInd/Platypus2-13B", 20, 40]]}}
   # per-model gradients: lists over the layers (xlt.merge.layerwise), tests/test_merge_gradients.py

@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 
 from conftest import load_script
 from xlt.io import tensor_files as files
-from xlt.merge import from_mergekit, tool, vocabulary
+from xlt.merge import chat, from_mergekit, tool, vocabulary
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADS = ("model.embed_tokens.weight", "lm_head.weight")
@@ -51,8 +51,17 @@ def _assert_same_rows(out: str, want: dict, want_vocab: dict, want_rows: int) ->
   return vocab
 
 
-@pytest.mark.parametrize("case", ["union_tokens", "base_tokens", "model_source"])
+CASES = ["union_tokens", "base_tokens", "model_source", "union_source", "base_source"]
+# mergekit numbers the union's new tokens in a hash map's order; xlt input by input, in id order
+# (the base's tokens keep their ids), then the tokens rules add
+UNION_IDS = {"union_tokens": ["<pad>", "<s>", "</s>", "<unk>", "a", "b", "c", "d", "e", "x", "y", "z", "w", "q", "<new>"],
+             "union_source": ["<pad>", "<s>", "</s>", "<unk>", "a", "b", "c", "d", "e", "x", "y", "z", "w", "q"]}
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_a_mergekit_tokenizer_yaml_gives_mergekits_rows(tmp_path, case):
+  # union_source, base_source: tokenizer_source alone over tokenizers that number b and c
+  # differently (ext swaps them): token by token, as mergekit, where row numbers would mix them
   script = fixture_script()
   file = os.path.join(script.OUT, f"{case}.safetensors")
   with safe_open(file, "np") as f:
@@ -61,13 +70,16 @@ def test_a_mergekit_tokenizer_yaml_gives_mergekits_rows(tmp_path, case):
   want_vocab = json.loads(meta["vocab"])
   out = _run_yaml(tmp_path, case, script.CASES[case])
   vocab = _assert_same_rows(out, load_file(file), want_vocab, int(meta["vocab_size"]))
-  if case == "union_tokens":
-    # mergekit numbers the union's new tokens in a hash map's order; xlt input by input, in id
-    # order (the base's tokens keep their ids), then the tokens rules add
-    words = ["<pad>", "<s>", "</s>", "<unk>", "a", "b", "c", "d", "e", "x", "y", "z", "w", "q", "<new>"]
-    assert vocab == {t: i for i, t in enumerate(words)}
+  if case in UNION_IDS:
+    assert vocab == {t: i for i, t in enumerate(UNION_IDS[case])}
   else:
     assert vocab == want_vocab  # the same ids: the source's, then the added tokens in order
+  with open(os.path.join(out, "summary.json")) as f:
+    assert json.load(f)["vocab_alignment"] == "tokens"
+  # the chat template is the tokenizer source's (model_source: other's, in its
+  # tokenizer_config.json, while config.json and ext's chat_template.jinja are the first model's)
+  assert chat.template_of(out) == meta["chat_template"] == script.TEMPLATES[
+      {"model_source": "other", "base_source": "ext"}.get(case, "base")]
 
 
 def test_transformers_loads_the_merged_tokenizer(tmp_path):
@@ -82,12 +94,14 @@ def test_transformers_loads_the_merged_tokenizer(tmp_path):
   assert model.config.vocab_size == 15
 
 
-@pytest.mark.parametrize("case", ["union_tokens", "model_source"])
+@pytest.mark.parametrize("case", ["union_tokens", "model_source", "union_source"])
 def test_vocab_matches_mergekit_live(tmp_path, case):
   pytest.importorskip("mergekit")
   script = fixture_script()
-  want, want_vocab, rows = script.run_mergekit(script.CASES[case], str(tmp_path / "mk"))
-  _assert_same_rows(_run_yaml(tmp_path, case, script.CASES[case]), want, want_vocab, rows)
+  want, want_vocab, rows, template = script.run_mergekit(script.CASES[case], str(tmp_path / "mk"))
+  out = _run_yaml(tmp_path, case, script.CASES[case])
+  _assert_same_rows(out, want, want_vocab, rows)
+  assert chat.template_of(out) == template
 
 
 # ---- exact rows on hand-made vocabularies
@@ -137,6 +151,59 @@ def test_the_final_norm_is_not_a_vocabulary_tensor(tmp_path):
   np.testing.assert_array_equal(got["model.embed_tokens.weight"], np.full((2, 2), 0.5))
 
 
+# ---- a source base|union alone: token by token with every tokenizer, by row number only where unambiguous
+
+
+def _soup(tmp_path, models: list[str], name: str, **kw) -> tuple[dict, dict]:
+  summary = tool.merge_files({"experts": models}, "soup", str(tmp_path / name), {"weights": [1.0] * len(models)},
+                             heatmaps=False, **kw)
+  return load_file(str(tmp_path / name / "model.safetensors"))["model.embed_tokens.weight"], summary
+
+
+def test_the_vocab_option_goes_token_by_token_where_every_input_has_a_tokenizer(tmp_path):
+  rows = lambda *r: np.array(r, np.float32).reshape(-1, 2)
+  a = _model(tmp_path, "a", ["a", "b", "c"], rows(1, 1, 2, 2, 3, 3))
+  b = _model(tmp_path, "b", ["b", "a", "c", "d"], rows(20, 20, 10, 10, 30, 30, 40, 40))
+  got, summary = _soup(tmp_path, [a, b], "u", vocab="union")
+  # by token: a = (1 + 10) / 2, b = (2 + 20) / 2; d is b's alone (row numbers would mix a with b)
+  np.testing.assert_allclose(got, rows(5.5, 5.5, 11, 11, 16.5, 16.5, 40, 40))
+  assert summary["vocab_alignment"] == "tokens" and vocabulary.vocab_of(str(tmp_path / "u")) == {
+      t: i for i, t in enumerate("abcd")}
+  got, summary = _soup(tmp_path, [b, a], "o", tokenizer={"source": "base"})  # no base: the first's vocabulary
+  np.testing.assert_allclose(got, rows(11, 11, 5.5, 5.5, 16.5, 16.5, 40, 40))
+
+
+def test_row_numbers_only_where_rows_are_unambiguous(tmp_path):
+  rows = lambda n, v: np.full((n, 2), v, np.float32)
+  a = _model(tmp_path, "a", ["a", "b", "c"], rows(3, 1))
+  same = _model(tmp_path, "same", ["a", "b", "c"], rows(3, 3))
+  swapped = _model(tmp_path, "swapped", ["b", "a", "c"], rows(3, 5))
+  bare = _model(tmp_path, "bare", ["a", "b", "c"], rows(3, 7))
+  longer = _model(tmp_path, "longer", ["a", "b", "c", "d"], rows(4, 9))
+  longer2 = _model(tmp_path, "longer2", ["a", "b", "c", "d"], rows(4, 11))
+  for d in ("bare", "longer", "longer2"):
+    os.remove(tmp_path / d / "tokenizer.json")
+  # rows alike, the tokenizers present one vocabulary: nothing to align, by row number
+  got, summary = _soup(tmp_path, [a, same, bare], "o1", tokenizer={"source": "union"})
+  assert summary["vocab_alignment"] == "rows" and got.shape == (3, 2)
+  np.testing.assert_allclose(got, rows(3, 11 / 3), rtol=1e-6)
+  with pytest.raises(ValueError, match=r"tokenizer.source: union: .*a and .*swapped have different vocabularies, "
+                                       r"and .*bare has no tokenizer.json to match its rows to tokens"):
+    _soup(tmp_path, [a, swapped, bare], "o2", tokenizer={"source": "union"})
+  ambiguous = r"longer has no tokenizer.json and the inputs' vocabularies differ in rows"
+  for kw in ({"vocab": "union"}, {"tokenizer": {"source": "union"}}, {"vocab": "base"}):
+    with pytest.raises(ValueError, match=ambiguous):
+      _soup(tmp_path, [a, longer], "o3", **kw)
+  # no tokenizer at all: xlt's vocab option takes row numbers for tokens; mergekit's source cannot
+  got, summary = _soup(tmp_path, [bare, longer], "o4", vocab="union")
+  assert summary["vocab_alignment"] == "rows" and got.shape == (4, 2)
+  with pytest.raises(ValueError, match=r"tokenizer.source: base: .*bare has no tokenizer.json"):
+    _soup(tmp_path, [bare, longer], "o5", tokenizer={"source": "base"})
+  got, _ = _soup(tmp_path, [longer, longer2], "o6", tokenizer={"source": "base"})  # rows alike: nothing to align
+  np.testing.assert_allclose(got, rows(4, 10))
+  assert not any(os.path.exists(tmp_path / f"o{i}") for i in (2, 3, 5))
+
+
 # ---- one line for what does not map
 
 
@@ -176,10 +243,10 @@ def test_the_block_maps_to_the_tokenizer_option():
   cfg = {"merge_method": "linear", "models": [{"model": "a"}, {"model": "b"}]}
   tokens = {"<x>": {"source": "a"}}
   got = from_mergekit.from_mergekit(cfg | {"tokenizer": {"tokens": tokens}})  # source: mergekit's default union
-  assert got["vocab"] is None and got["tokenizer"] == {"source": "union", "tokens": tokens}
+  assert "vocab" not in got and got["tokenizer"] == {"source": "union", "tokens": tokens}
   got = from_mergekit.from_mergekit(cfg | {"tokenizer": {"source": "b", "pad_to_multiple_of": 64}})
   assert got["tokenizer"] == {"source": "b", "pad_to_multiple_of": 64}
-  assert "tokenizer" not in from_mergekit.from_mergekit(cfg | {"tokenizer": {"source": "base"}})
+  assert from_mergekit.from_mergekit(cfg | {"tokenizer": {"source": "base"}})["tokenizer"] == {"source": "base"}
   with pytest.raises(ValueError, match="tokenizer.tokens: a mapping"):
     from_mergekit.from_mergekit(cfg | {"tokenizer": {"tokens": ["<x>"]}})
 

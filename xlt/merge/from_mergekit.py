@@ -5,8 +5,8 @@ What maps: `merge_method` (a method both tools have; mergekit's linear is xlt's 
 xlt's dare), `base_model`, `models: [{model, parameters: {weight, density, ...}}]` (the base
 may be listed among them, as mergekit allows), global `parameters` (normalize, lambda, t,
 rescale, ...), `dtype` / `out_dtype` (the output's dtype: xlt always computes in float32),
-`tokenizer_source: base|union` (xlt's vocab option), `tokenizer: {source, tokens,
-pad_to_multiple_of}` (with a model as the source or with tokens: xlt.merge.vocabulary), and `slices`: one slice whose sources all
+`tokenizer_source` and `tokenizer: {source, tokens, pad_to_multiple_of}` (xlt's tokenizer
+option: token by token, xlt.merge.vocabulary), and `slices`: one slice whose sources all
 cover every layer (the same as `models`), other slices of a merge method (xlt.merge.sliced: a
 merge over slices, parameters per slice), and a passthrough layer swap
 (model A's layers [0, b) and [L-u, L), model B's [b, L-u), each at its own position), and any
@@ -82,7 +82,8 @@ def _one_minus(value):
 
 
 def load_yaml(path: str) -> dict:
-  """The mapped config ({method, inputs, options, dtype, vocab}, and naming for Conv1D models) of
+  """The mapped config ({method, inputs, options, dtype}, tokenizer and chat_template when given, and
+  naming for Conv1D models) of
   mergekit YAML `path`."""
   import yaml
   try:
@@ -122,8 +123,8 @@ def _raw_axes_naming(inputs: dict) -> str | None:
 
 
 def from_mergekit(cfg: dict) -> dict:
-  """{method, inputs, options, dtype, vocab} for `python -m xlt.merge` from a parsed mergekit
-  config; ValueError naming the first key that does not map."""
+  """{method, inputs, options, dtype} (and tokenizer, chat_template when given) for `python -m
+  xlt.merge` from a parsed mergekit config; ValueError naming the first key that does not map."""
   if unknown := [k for k in cfg if k not in _TOP_KEYS]:
     raise ValueError(f"{unknown[0]}: not supported by xlt (it maps: {', '.join(_TOP_KEYS)})")
   name = cfg.get("merge_method")
@@ -131,7 +132,7 @@ def from_mergekit(cfg: dict) -> dict:
     raise ValueError(f"merge_method: {name!r} is not one of the methods both tools have: {', '.join(_METHODS)}")
   base = _model(cfg.get("base_model"), "base_model") if cfg.get("base_model") else None
   params = dict(cfg.get("parameters") or {})
-  vocab, tokenizer = (_vocab(cfg.get("tokenizer_source")), None) if "tokenizer" not in cfg else _tokenizer(cfg)
+  tokenizer = _tokenizer(cfg)
   template = cfg.get("chat_template")
   if template is not None and (not isinstance(template, str) or not template):
     raise ValueError(f"chat_template: Jinja text or auto, got {template!r}")
@@ -144,14 +145,14 @@ def from_mergekit(cfg: dict) -> dict:
       raise ValueError(f"parameters.{unknown[0]}: passthrough takes scale only")
     for key, value in params.items():
       _scalar_or_list(value, f"parameters.{key}", allow_list=True)
-    return _passthrough(cfg["slices"], params.get("scale")) | {"dtype": dtype, "vocab": vocab} | extra
+    return _passthrough(cfg["slices"], params.get("scale")) | {"dtype": dtype} | extra
   for key, value in params.items():
     _scalar_or_list(value, f"parameters.{key}", allow_list=key in _GRADIENTS)
   if cfg.get("slices") and not _whole_models(cfg["slices"]):
-    return _over_slices(name, base, cfg["slices"], params) | {"dtype": dtype, "vocab": vocab} | extra
+    return _over_slices(name, base, cfg["slices"], params) | {"dtype": dtype} | extra
   models = cfg.get("models") or _one_slice(cfg["slices"])
   method, inputs, options = _merge(name, base, [_entry(m, f"models[{i}]") for i, m in enumerate(models)], params)
-  return {"method": method, "inputs": inputs, "options": options, "dtype": dtype, "vocab": vocab} | extra
+  return {"method": method, "inputs": inputs, "options": options, "dtype": dtype} | extra
 
 
 def _merge(name: str, base: str | None, entries: list, params: dict) -> tuple[str, dict, dict]:
@@ -211,33 +212,35 @@ def _model(ref, where: str) -> str:
   return ref  # "model+adapter": the tool merges the PEFT adapter into the model as it reads it
 
 
-def _vocab(source) -> str | None:
-  if source in (None, "base", "union"):
-    return source
-  raise ValueError(f"tokenizer_source: {source!r}; xlt maps base and union (its vocab option) only")
-
-
-def _tokenizer(cfg: dict) -> tuple[str | None, dict | None]:
-  """(vocab, tokenizer) of mergekit's `tokenizer:` block: `{source: base|union}` alone is xlt's
-  vocab option (as tokenizer_source maps); a model as the source, `tokens:` or
-  `pad_to_multiple_of` are the tokenizer option (xlt.merge.vocabulary, token by token)."""
-  block = cfg["tokenizer"]
-  if "tokenizer_source" in cfg:
+def _tokenizer(cfg: dict) -> dict | None:
+  """xlt's tokenizer option (xlt.merge.vocabulary: the inputs aligned token by token, as mergekit
+  does) of mergekit's `tokenizer: {source, tokens, pad_to_multiple_of}` or `tokenizer_source`
+  (the same as `tokenizer: {source: ...}`); None when neither is given. A source base|union
+  alone goes by row number where an input has no tokenizer.json and rows are unambiguous
+  (tool.merge_files)."""
+  if "tokenizer" in cfg and "tokenizer_source" in cfg:
     raise ValueError("tokenizer / tokenizer_source: give one of them")
+  if "tokenizer" not in cfg:
+    source = cfg.get("tokenizer_source")
+    if source is None:
+      return None
+    if not isinstance(source, str) or not source:
+      raise ValueError(f"tokenizer_source: base, union or a model directory, got {source!r}")
+    block, where = {"source": source}, "tokenizer_source"
+  else:
+    block, where = cfg["tokenizer"], "tokenizer.source"
   keys = ("source", "tokens", "pad_to_multiple_of")
   if not isinstance(block, dict) or set(block) - set(keys):
     extra = sorted(set(block) - set(keys))[0] if isinstance(block, dict) else "source"
     raise ValueError(f"tokenizer.{extra}: not supported by xlt (it maps tokenizer: {{{', '.join(keys)}}})")
   source = block.get("source", "union")  # mergekit's default
   if not isinstance(source, str) or not source:
-    raise ValueError(f"tokenizer.source: base, union or a model directory, got {source!r}")
-  if set(block) <= {"source"} and source in ("base", "union"):
-    return source, None
+    raise ValueError(f"{where}: base, union or a model directory, got {source!r}")
   if "tokens" in block and not isinstance(block["tokens"], dict):
     raise ValueError(f"tokenizer.tokens: a mapping {{token: {{source, force}}}}, got {block['tokens']!r}")
   if source not in ("base", "union"):
-    _model(source, "tokenizer.source")
-  return None, {"source": source, **{k: block[k] for k in keys[1:] if block.get(k) is not None}}
+    _model(source, where)
+  return {"source": source, **{k: block[k] for k in keys[1:] if block.get(k) is not None}}
 
 
 def _entry(m, where: str) -> tuple[str, dict]:

@@ -87,11 +87,17 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
   max_shard_bytes, dtype: as `hf.write_model_dir` takes them.
   overwrite: replace `output` even when it is a non-empty directory xlt did not write.
   vocab: what to do when the inputs' vocabularies differ (more rows in the embedding and
-    head tensors of one input, e.g. a language expert with an extended tokenizer); see
-    `fit_vocab`: None (an error naming the tensor), "base" or "union".
+    head tensors of one input, e.g. a language expert with an extended tokenizer): None (an
+    error naming the tensor), "base" or "union". When every input has tokenizer.json this is
+    `tokenizer={"source": vocab}` (token by token, as mergekit); else by row number (`fit_vocab`)
+    where rows are unambiguous (vocabulary.by_rows), a one-line error where they are not.
   tokenizer: mergekit's tokenizer block ({source: base|union|<model dir>, tokens: {...},
     pad_to_multiple_of}) instead of `vocab`: the inputs' embeddings and heads re-indexed token by
-    token to the output's vocabulary (xlt.merge.vocabulary), the tokenizer written with it.
+    token to the output's vocabulary (xlt.merge.vocabulary), the tokenizer written with it (the
+    chat template the source's). `{source: base|union}` alone where an input has no tokenizer.json
+    goes by row number where rows are unambiguous (equal rows, one vocabulary among the
+    tokenizers present), else a one-line error.
+  The summary's vocab_alignment says which ran ("tokens" or "rows").
   Every check (method, roles, options, file headers, names, shapes and dtypes across the
   inputs) runs before any tensor is read, each failure a one-line ValueError naming the
   file and the tensor, and the output directory is replaced only once the new one is complete.
@@ -107,24 +113,9 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
   first = labelled[0][1]
   nm = registry.naming_for_method(m, options, list(first), naming)
   source = source_model(inputs, roles, config_from)
-  config, files = None, None
-  if vocab is not None and tokenizer is not None:
-    raise ValueError("vocab / tokenizer: give one of them")
-  if tokenizer is not None:
-    fitted, p = vocabulary.align(labelled, 0 if "base" in inputs else None, tokenizer,
-                                 lambda name: _vocab_kind(name, nm), [_vocab_size(path) for path, _ in labelled])
-    trees = _refit(inputs, trees, dict(zip((path for path, _ in labelled), fitted)))
-    labelled = _labelled(inputs, trees, ["base"] + roles)
-    source = source if config_from else labelled[0][0].partition("+")[0]  # mergekit's: the base, else the first
-    config, files = _with_vocab_size(source, p.rows), vocabulary.tokenizer_files(p, source)
-  elif vocab is not None:
-    reference = 0 if "base" in inputs else next((i for i, (p, _) in enumerate(labelled) if p == source), 0)
-    fitted, rows, largest = fit_vocab(labelled, vocab, nm, reference)
-    trees = _refit(inputs, trees, dict(zip((p for p, _ in labelled), fitted)))
-    labelled = _labelled(inputs, trees, ["base"] + roles)
-    if vocab == "union" and not config_from and rows is not None:
-      source = next((p for p in largest if os.path.isfile(os.path.join(p, hf.CONFIG))), source)
-    config = _with_vocab_size(source, rows)
+  vocab, tokenizer = _alignment(labelled, vocab, tokenizer, nm)
+  trees, source, config, files = _fitted(inputs, trees, labelled, roles, nm, source, config_from, vocab, tokenizer)
+  labelled = _labelled(inputs, trees, ["base"] + roles)
   check_inputs(labelled, nm)
   _check_output(output, overwrite)
   merged = registry.merge(method, {r: trees[r] for r in roles}, options, naming=nm)
@@ -140,11 +131,57 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
   del merged
   summary = {"output": written["dir"], "files": written["files"], "config_from": source, "naming": nm.name,
              "tensors": len(first), "bytes": int(sum(x.nbytes for x in first.values())), "heatmaps": []}
+  if vocab or tokenizer:
+    summary["vocab_alignment"] = "rows" if vocab else "tokens"
   if heatmaps and "base" in trees and nm is not naming_lib.UNNAMED:
     summary["heatmaps"] = _heatmaps(trees, [r for r in roles if r != "base"], output, nm)
   elif heatmaps and "base" in trees:
     summary["heatmaps_skipped"] = "no naming places these tensors in blocks (pass naming=... to draw them)"
   return summary
+
+
+def _alignment(labelled: list[tuple[str, dict]], vocab: str | None, tokenizer: dict | None, nm) -> tuple:
+  """(vocab, tokenizer): how the inputs' vocabularies are aligned, one of them set. A source
+  base|union alone (xlt's `vocab`, or mergekit's `tokenizer: {source: base|union}` /
+  `tokenizer_source`) goes token by token (the tokenizer option) when every input has
+  tokenizer.json, by row number (the vocab option) only where rows are unambiguous
+  (vocabulary.by_rows)."""
+  if vocab is not None and tokenizer is not None:
+    raise ValueError("vocab / tokenizer: give one of them")
+  if vocab is not None and vocab not in VOCAB_MODES:
+    raise ValueError(f"vocab must be one of {', '.join(VOCAB_MODES)} (or unset), got {vocab!r}")
+  if vocab is None and tokenizer is None:
+    return None, None
+  mode = vocab or tokenizer.get("source", "union")
+  if tokenizer is not None and (set(tokenizer) - {"source"} or mode not in VOCAB_MODES):
+    return None, tokenizer  # a model's tokenizer, tokens: rules or padding: token by token only
+  models = [_adapter_of(p)[0] for p, _ in labelled]
+  rows_differ = fit_vocab(labelled, mode, nm)[1] is not None
+  what = f"vocab={mode}" if vocab else f"tokenizer.source: {mode}"
+  if vocabulary.by_rows(models, [_vocab_size(m) for m in models], what, rows_differ, rows_asserted=vocab is not None):
+    return mode, None
+  return None, {"source": mode}
+
+
+def _fitted(inputs: dict, trees: dict, labelled: list, roles: list[str], nm, source: str | None,
+            config_from: str | None, vocab: str | None, tokenizer: dict | None) -> tuple:
+  """(trees, source, config, files): the inputs' trees with their vocabularies aligned (token by
+  token for `tokenizer`, by row number for `vocab`), the model whose config and tokenizer the
+  output takes, its config.json when the rows changed and the tokenizer files written for it."""
+  if tokenizer is not None:
+    fitted, p = vocabulary.align(labelled, 0 if "base" in inputs else None, tokenizer,
+                                 lambda name: _vocab_kind(name, nm), [_vocab_size(path) for path, _ in labelled])
+    trees = _refit(inputs, trees, dict(zip((path for path, _ in labelled), fitted)))
+    source = source if config_from else _adapter_of(labelled[0][0])[0]  # mergekit's: the base, else the first
+    return trees, source, _with_vocab_size(source, p.rows), vocabulary.tokenizer_files(p, source)
+  if vocab is not None:
+    reference = 0 if "base" in inputs else next((i for i, (p, _) in enumerate(labelled) if p == source), 0)
+    fitted, rows, largest = fit_vocab(labelled, vocab, nm, reference)
+    trees = _refit(inputs, trees, dict(zip((p for p, _ in labelled), fitted)))
+    if vocab == "union" and not config_from and rows is not None:
+      source = next((p for p in largest if os.path.isfile(os.path.join(p, hf.CONFIG))), source)
+    return trees, source, _with_vocab_size(source, rows), None
+  return trees, source, None, None
 
 
 def _labelled(inputs: dict, trees: dict, order: list[str]) -> list[tuple[str, dict]]:
@@ -198,7 +235,7 @@ def _vocab_kind(name: str, nm: naming_lib.Naming | None) -> bool:
 
 def _vocab_size(path: str) -> int | None:
   try:
-    with open(os.path.join(path, hf.CONFIG)) as f:
+    with open(os.path.join(_adapter_of(path)[0], hf.CONFIG)) as f:
       cfg = json.load(f)
   except (OSError, ValueError):
     return None

@@ -124,6 +124,36 @@ def _tokenizer_json(model: str) -> dict:
   return tok
 
 
+def has_tokenizer(model: str) -> bool:
+  return os.path.isfile(os.path.join(str(model).partition("+")[0], TOKENIZER))
+
+
+def by_rows(models: list[str], sizes: list[int | None], what: str, rows_differ: bool, rows_asserted: bool) -> bool:
+  """Whether a tokenizer source base|union (`what` names it in messages) aligns the inputs
+  `models` by row number (tool.fit_vocab) rather than token by token (`align`; `sizes`: their
+  config.json vocab_size; `rows_differ`: whether their vocabulary tensors differ in rows).
+
+  Token by token (False) whenever every input has tokenizer.json: mergekit's semantics, right
+  whatever ids the tokenizers give their shared tokens. By row number (True) only where the rows
+  are unambiguous without every tokenizer: the vocabulary tensors have the same rows and the
+  tokenizers present are one vocabulary (an input without one is taken to have it, as mergekit
+  takes a tokenizer it cannot load to be the base's), or no input has a tokenizer and the caller
+  takes row numbers for tokens (`rows_asserted`: xlt's vocab option). ValueError (one line)
+  otherwise: a tokenizer is missing where rows would be ambiguous."""
+  missing = [m for m in models if not has_tokenizer(m)]
+  if not missing:
+    return False
+  present = [(m, n) for m, n in zip(models, sizes) if has_tokenizer(m)]
+  vocabs = [{t: i for t, i in vocab_of(m).items() if n is None or i < n} for m, n in present]
+  if differ := next((m for (m, _), v in zip(present, vocabs) if v != vocabs[0]), None):
+    raise ValueError(f"{what}: {present[0][0]} and {differ} have different vocabularies, and {missing[0]} has no "
+                     f"{TOKENIZER} to match its rows to tokens; give every input its {TOKENIZER}")
+  if rows_differ and (present or not rows_asserted):
+    raise ValueError(f"{what}: {missing[0]} has no {TOKENIZER} and the inputs' vocabularies differ in rows, so "
+                     f"which token each of its rows holds is unknown; give every input its {TOKENIZER}")
+  return True
+
+
 def vocab_of(model: str) -> dict[str, int]:
   """{token: id} of a model directory's tokenizer.json (its model's vocab and added tokens), as
   transformers' get_vocab gives it."""
@@ -307,13 +337,14 @@ class Aligned:
 def tokenizer_files(p: Plan, config_dir: str | None) -> dict[str, str | None]:
   """{file: text, or None to drop a copied one} that make the output's tokenizer the plan's: the
   source's tokenizer.json with the new tokens appended as added tokens (and in tokenizer_config.json's
-  added_tokens_decoder when it has one), and the source's other tokenizer files when the
-  tokenizer comes from another model than the config."""
+  added_tokens_decoder when it has one), and the source's other tokenizer files (its chat template
+  among them; None where it has none) when the tokenizer comes from another model than the config."""
   model = str(p.tokenizer_dir).partition("+")[0]
   files: dict[str, str | None] = {}
   if config_dir is None or not _same(model, config_dir):
+    # the chat template too: mergekit saves the source's tokenizer, template and all
     for name in ("tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt",
-                 "added_tokens.json"):
+                 "added_tokens.json", "chat_template.jinja", "chat_template.json"):
       files[name] = _read(os.path.join(model, name))
   tok = _tokenizer_json(model)
   tok["added_tokens"] = list(tok.get("added_tokens") or [])
