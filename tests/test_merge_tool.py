@@ -173,6 +173,7 @@ def test_vocab_base_and_union(tmp_path):
   got = load_file(str(tmp_path / "u" / "model.safetensors"))
   emb = "model.embed_tokens.weight"
   assert got[emb].shape == (20, 8) and summary["config_from"].endswith("x")
+  assert summary["vocab_alignment"] == "rows"  # no tokenizer.json to align by: row numbers, as asked
   assert json.load(open(tmp_path / "u" / "config.json"))["vocab_size"] == 20
   # the new rows: only the extended expert has them, so the base and the other expert take its
   # rows, their deltas there are 0 and the merge keeps the extended expert's row

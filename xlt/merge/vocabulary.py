@@ -22,7 +22,12 @@ vocab_size are unused rows, not tokens. The union's new tokens are numbered inpu
 each input's id order (mergekit numbers them in the order of a hash map, which can change from
 one run to the next: its rows per token are the same, its ids may differ). The output's
 tokenizer.json is the source's with the new tokens appended as added tokens (as transformers'
-add_tokens does for mergekit).
+add_tokens does for mergekit), and its other tokenizer files and chat template are the source's
+(mergekit saves the source's tokenizer, template and all).
+
+A source base|union alone (mergekit's `tokenizer_source`, xlt's vocab option) goes token by token
+whenever every input has tokenizer.json; where one lacks it, `by_rows` allows row numbers only
+where they cannot mix tokens, and refuses in one line where they could.
 """
 
 from __future__ import annotations
