@@ -151,6 +151,30 @@ def test_the_final_norm_is_not_a_vocabulary_tensor(tmp_path):
   np.testing.assert_array_equal(got["model.embed_tokens.weight"], np.full((2, 2), 0.5))
 
 
+def test_a_model_sources_chat_templates_replace_the_config_models(tmp_path):
+  first = _model(tmp_path, "first", ["a", "b"], np.ones((2, 2), np.float32))
+  second = _model(tmp_path, "second", ["b", "a"], np.zeros((2, 2), np.float32))
+  (tmp_path / "first" / "chat_template.jinja").write_text("{{ 'first' }}")
+  (tmp_path / "first" / "additional_chat_templates").mkdir()
+  (tmp_path / "first" / "additional_chat_templates" / "tools.jinja").write_text("{{ 'first tools' }}")
+  (tmp_path / "second" / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ 'second' }}"}))
+  (tmp_path / "second" / "additional_chat_templates").mkdir()
+  (tmp_path / "second" / "additional_chat_templates" / "rag.jinja").write_text("{{ 'second rag' }}")
+  summary = tool.merge_files({"experts": [first, second]}, "soup", str(tmp_path / "o"), {"weights": [1.0, 1.0]},
+                             tokenizer={"source": second}, heatmaps=False)
+  out = tmp_path / "o"
+  assert summary["config_from"] == first and chat.template_of(str(out)) == "{{ 'second' }}"
+  assert not (out / "chat_template.jinja").exists()
+  assert os.listdir(out / "additional_chat_templates") == ["rag.jinja"]
+  assert (out / "additional_chat_templates" / "rag.jinja").read_text() == "{{ 'second rag' }}"
+  assert "additional_chat_templates" in summary["files"] and "chat_template.jinja" not in summary["files"]
+  transformers = pytest.importorskip("transformers")
+  # what transformers makes of the output's templates is what it makes of the source's (mergekit
+  # saves the source's tokenizer as transformers loads it)
+  want = transformers.AutoTokenizer.from_pretrained(second).chat_template
+  assert transformers.AutoTokenizer.from_pretrained(str(out)).chat_template == want and "second rag" in str(want)
+
+
 # ---- a source base|union alone: token by token with every tokenizer, by row number only where unambiguous
 
 
@@ -258,6 +282,7 @@ def test_written_files_replace_or_drop_copied_ones_and_never_weights(tmp_path):
   tensors = {"model.embed_tokens.weight": np.ones((2, 2), np.float32)}
   hf.write_model_dir(tensors, str(tmp_path / "o"), source_dir=src, files={"tokenizer.json": "{}\n", "vocab.json": None})
   assert (tmp_path / "o" / "tokenizer.json").read_text() == "{}\n" and not (tmp_path / "o" / "vocab.json").exists()
-  with pytest.raises(ValueError, match="'config.json' is not a tokenizer file name"):
-    hf.write_model_dir(tensors, str(tmp_path / "p"), source_dir=src, files={"config.json": "{}"})
+  for name in ("config.json", "sub/x.jinja", "additional_chat_templates/..", "additional_chat_templates/"):
+    with pytest.raises(ValueError, match=f"{name!r} is not a tokenizer file name"):
+      hf.write_model_dir(tensors, str(tmp_path / "p"), source_dir=src, files={name: "{}"})
   assert not (tmp_path / "p").exists()

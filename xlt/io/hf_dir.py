@@ -77,7 +77,8 @@ def write_model_dir(tensors: dict, out_dir: str, *, source_dir: str | None = Non
   weights_only: with neither source_dir nor config (tensors of no Hugging Face model, e.g.
     xlt's own checkpoints), write the weights and the card without a config.json.
   files: {name: text} written after the copied tokenizer files, replacing them (a merge's own
-    tokenizer); a name mapped to None drops the copied file of that name.
+    tokenizer); a name mapped to None drops the copied file of that name (or folder of
+    TOKENIZER_DIRS); "<folder>/<file>" writes a file into such a folder.
   """
   _check_tensors(tensors)
   max_bytes = _bytes(max_shard_bytes)
@@ -100,14 +101,20 @@ def write_model_dir(tensors: dict, out_dir: str, *, source_dir: str | None = Non
   try:
     written = _write_into(tmp, tensors, cfg, source_dir, max_bytes, card, metadata)
     for name, text in (files or {}).items():
-      if os.path.basename(name) != name or name in (CONFIG, CARD, INDEX) or name.endswith(".safetensors"):
+      folder, _, leaf = name.rpartition("/")
+      if (folder not in ("", *TOKENIZER_DIRS) or not leaf or os.path.basename(leaf) != leaf or leaf in ("..", ".")
+          or name in (CONFIG, CARD, INDEX) or name.endswith(".safetensors")):
         raise ValueError(f"files: {name!r} is not a tokenizer file name")
-      if name in written:
-        os.remove(os.path.join(tmp, name))
-        written.remove(name)
+      path = os.path.join(tmp, name)
+      if os.path.lexists(path):
+        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+        if name in written:
+          written.remove(name)
       if text is not None:
-        fileio.write_text(os.path.join(tmp, name), text)
-        written.append(name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fileio.write_text(path, text)
+        if (folder or name) not in written:
+          written.append(folder or name)
     _share_files(tmp)
     _replace(tmp, out_dir)
   except BaseException:

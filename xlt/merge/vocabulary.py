@@ -44,6 +44,7 @@ from xlt.io import fileio
 TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SOURCES = ("base", "union")
+_TEMPLATES_DIR = "additional_chat_templates"  # transformers' named chat templates (hf_dir.TOKENIZER_DIRS)
 _MAX_BYTES = 256 << 20  # a tokenizer.json of a 1M-token vocabulary is well under this
 # outside the blocks but not a row per token: final norms, position embeddings
 _NOT_PER_TOKEN = re.compile(r"norm|(^|[._/])ln_f([._/]|$)|wpe|position")
@@ -351,6 +352,12 @@ def tokenizer_files(p: Plan, config_dir: str | None) -> dict[str, str | None]:
     for name in ("tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt",
                  "added_tokens.json", "chat_template.jinja", "chat_template.json"):
       files[name] = _read(os.path.join(model, name))
+    # transformers' named extra templates: the source's folder in place of the config model's
+    files[_TEMPLATES_DIR] = None
+    folder = os.path.join(model, _TEMPLATES_DIR)
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+      if name.endswith(".jinja") and os.path.isfile(os.path.join(folder, name)):
+        files[f"{_TEMPLATES_DIR}/{name}"] = _read(os.path.join(folder, name))
   tok = _tokenizer_json(model)
   tok["added_tokens"] = list(tok.get("added_tokens") or [])
   entries = [{"id": p.vocab[t], "content": t, "single_word": False, "lstrip": False, "rstrip": False,
