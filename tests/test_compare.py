@@ -85,9 +85,48 @@ def test_decode_speed_rows_are_paired_medians():
   assert row["xlt tok/s"] == 8.0 and row["eager tok/s"] == 4.0 and row["compiled tok/s"] == 8.0
   assert row["xlt / eager"] == 2.0 and row["xlt / compiled"] == 1.0
   assert row["same tokens eager"] == 0.875 and row["same tokens compiled"] == 1.0
+  # compilation apart: the first call (5 s) less the steady one, median over rounds (4, 3, 4)
+  assert row["xlt compile s"] == 4.0 and row["torch.compile s"] == 4.0 and row["compiled peer"] == "ok"
   without = [{k: v for k, v in r.items() if k != "compiled"} for r in rounds]
   row = dict(zip(columns, bench.summary(without, Args)[1][0]))
   assert row["xlt / eager"] == 2.0 and row["compiled tok/s"] is None and row["xlt / compiled"] is None
+  assert row["compiled peer"] is None and row["torch.compile s"] is None
+  # a round where torch.compile failed: no compiled figures, the reason in the row, the rest as before
+  failed = [dict(r) for r in rounds]
+  failed[1]["compiled"] = {"batches": {"2": {"error": "torch.compile failed: no C++ compiler"}}}
+  row = dict(zip(columns, bench.summary(failed, Args)[1][0]))
+  assert row["compiled peer"] == "torch.compile failed: no C++ compiler"
+  assert row["compiled tok/s"] is None and row["xlt / compiled"] is None and row["same tokens compiled"] is None
+  assert row["xlt / eager"] == 2.0 and row["eager tok/s"] == 4.0
+
+
+def test_decode_speed_compile_failure_is_one_line():
+  from conftest import load_script
+
+  bench = load_script("benchmarks/decode_speed.py")
+  e = RuntimeError("InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx\nmore")
+  assert bench.compile_failure(e) == ("torch.compile failed: RuntimeError: InvalidCxxCompiler: No working C++ "
+                                      "compiler found in torch._inductor.config.cpp.cxx")
+  assert bench.compile_failure(ValueError()) == "torch.compile failed: ValueError: "
+
+
+def test_decode_speed_compiled_peer_asks_for_static_cache_and_cpu_compile():
+  """The generation-config fields transformers 5 needs to compile on a CPU (its
+  `_valid_auto_compile_criteria`): a static cache and `_compile_all_devices`."""
+  from conftest import load_script
+
+  bench = load_script("benchmarks/decode_speed.py")
+
+  class CompileConfig:  # transformers.CompileConfig's fields (no transformers in CI)
+    _compile_all_devices = None
+
+    def __init__(self, **kw):
+      self.__dict__.update(kw)
+
+  fields = bench.compiled_generation(type("transformers", (), {"CompileConfig": CompileConfig}))
+  assert fields["cache_implementation"] == "static"
+  c = fields["compile_config"]
+  assert c._compile_all_devices is True and c.fullgraph is True and c.dynamic is False and c.mode == "default"
 
 
 def test_schema_rows_pair_each_round_and_take_medians():
