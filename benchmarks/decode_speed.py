@@ -20,7 +20,8 @@ its generation config's `eos_token_id=None`, so no row ends early). Timed: the w
 prompt prefill included, from token ids to new token ids on the host; the first call (xlt's
 and torch.compile's compilation) is timed apart, then the median of --reps calls. new tokens/s
 = batch x new / that time, steady state: compilation is its own columns ("xlt compile s",
-"torch.compile s": the first call less a steady one; every batch size compiles anew).
+"torch.compile s": in the first round, the first call less a steady one; every batch size
+compiles anew; inductor's caches start empty in each run and serve the later rounds).
 
   xlt        decode.greedy: the prefill and a jitted `lax.while_loop` over the new tokens, with
              the KV cache, on jax's default CPU device (every core)
@@ -172,8 +173,11 @@ def run_child(tool: str, a, model: str, tmp: str) -> dict:
   out = os.path.join(tmp, f"{tool}.json")
   cmd = [sys.executable, os.path.abspath(__file__), "--child", tool, "--model", model, "--child_out", out,
          "--batches", a.batches, "--prompt", str(a.prompt), "--new", str(a.new), "--reps", str(a.reps)]
+  # inductor's on-disk caches in this run's own folder: the first round compiles cold, as a
+  # user's first call would, whatever earlier runs left in the default folder
+  env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"))
   t0 = time.perf_counter()
-  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
   if proc.returncode:
     sys.exit(f"the {tool} child failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
   with open(out) as f:
@@ -187,8 +191,8 @@ def run_child(tool: str, a, model: str, tmp: str) -> dict:
 def summary(rounds: list[dict], a) -> tuple[list[str], list[list]]:
   """The schema's columns and rows: per batch, each tool's median new tokens/s over rounds, the
   median of the rounds' xlt / peer ratios, the share of each peer's new tokens equal to xlt's,
-  and apart from those, each compiling tool's compile time: the median over rounds of its first
-  call less its steady call. A peer left out by --peers has None throughout; one whose batch
+  and apart from those, each compiling tool's compile time in the first round (cold caches: later
+  rounds reuse inductor's, see run_child): its first call less its steady call. A peer left out by --peers has None throughout; one whose batch
   failed in any round (torch.compile with no C++ compiler, say) too, with the reason in the
   last column ("ok" when it compiled and ran)."""
   columns = ["batch", "xlt tok/s", "eager tok/s", "xlt / eager", "compiled tok/s", "xlt / compiled",
@@ -209,7 +213,7 @@ def summary(rounds: list[dict], a) -> tuple[list[str], list[list]]:
       ratio[t] = round(statistics.median(x / y for x, y in zip(per_s["xlt"], per_s[t])), 2)
       theirs = [t_ for row in ok[t][0]["ids"] for t_ in row]
       same[t] = round(sum(x == y for x, y in zip(mine, theirs)) / len(mine), 3)
-      compile_s[t] = round(statistics.median(max(0.0, x["first_s"] - x["s"]) for x in ok[t]), 1)
+      compile_s[t] = round(max(0.0, ok[t][0]["first_s"] - ok[t][0]["s"]), 1)  # round 1: cold caches
     status = None if "compiled" not in runs else errors["compiled"] or "ok"
     rows.append([int(b), rate["xlt"], rate["eager"], ratio["eager"], rate["compiled"], ratio["compiled"],
                  same["eager"], same["compiled"], compile_s["xlt"], compile_s["compiled"], status])
