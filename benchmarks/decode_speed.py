@@ -191,10 +191,11 @@ def run_child(tool: str, a, model: str, tmp: str) -> dict:
 def summary(rounds: list[dict], a) -> tuple[list[str], list[list]]:
   """The schema's columns and rows: per batch, each tool's median new tokens/s over rounds, the
   median of the rounds' xlt / peer ratios, the share of each peer's new tokens equal to xlt's,
-  and apart from those, each compiling tool's compile time in the first round (cold caches: later
-  rounds reuse inductor's, see run_child): its first call less its steady call. A peer left out by --peers has None throughout; one whose batch
-  failed in any round (torch.compile with no C++ compiler, say) too, with the reason in the
-  last column ("ok" when it compiled and ran)."""
+  and apart from those, each compiling tool's compile time in the first round (cold caches:
+  later rounds reuse inductor's, see run_child): its first call less its steady call. A peer
+  left out by --peers has None throughout; one whose batch failed in any round (torch.compile
+  with no C++ compiler, say) too, with the reason in the last column ("ok" when it compiled
+  and ran)."""
   columns = ["batch", "xlt tok/s", "eager tok/s", "xlt / eager", "compiled tok/s", "xlt / compiled",
              "same tokens eager", "same tokens compiled", "xlt compile s", "torch.compile s", "compiled peer"]
   rows = []
@@ -252,7 +253,7 @@ def main(a) -> None:
         wall_s=time.perf_counter() - t_start, versions=versions, notes=a.notes,
         shape=SHAPES[a.shape], prompt=a.prompt, new=a.new, rounds=a.rounds, reps=a.reps,
         torch_threads=next((r["threads"] for r in rounds[0].values() if "threads" in r), None),
-        round_seconds=[{t: {b: r[t]["batches"][b]["times"] for b in r[t]["batches"]} for t in tools} for r in rounds])
+        round_seconds=[{t: {b: r[t]["batches"][b].get("times") for b in r[t]["batches"]} for t in tools} for r in rounds])
 
 
 if __name__ == "__main__":

@@ -141,3 +141,31 @@ def test_schema_rows_pair_each_round_and_take_medians():
   # ratios per round 1.5, 1.0, 4.0: median 1.5, not the ratio of the medians (200 / 100)
   assert rows[0] == ["graph 29", 200.0, 100.0, 1.5, 1.0, 4.0]
   assert rows[1] == ["greedy decoding, batch 4, 3 + 2 tokens: new tokens/s", 20.0, 20.0, 1.0, 0.5, 3.0]
+
+
+def test_decode_speed_writes_a_failed_compile_into_the_results_file(tmp_path, monkeypatch):
+  """A run whose torch.compile peer failed still writes its results file: the other tools'
+  figures, and the reason in the compiled peer's column."""
+  import json
+
+  from conftest import load_script
+
+  bench = load_script("benchmarks/decode_speed.py")
+  error = "torch.compile failed: InductorError: InvalidCxxCompiler: No working C++ compiler found"
+
+  def child(tool, a, model, tmp):
+    if tool == "compiled":
+      return {"batches": {"1": {"error": error}}, "versions": {"torch": "t"}}
+    ok = {"s": 0.5, "first_s": 2.5, "times": [0.5], "ids": [[1, 2]]}
+    return {"batches": {"1": ok}, "versions": {"jax": "j"} if tool == "xlt" else {"torch": "t"}}
+
+  monkeypatch.setattr(bench, "write_checkpoint", lambda *args: None)
+  monkeypatch.setattr(bench, "run_child", child)
+  out = tmp_path / "decode_speed.json"
+  args = dict(quick=False, rounds=2, batches="1", reps=1, new=2, prompt=3, workdir=str(tmp_path), shape="tiny",
+              peers="eager,compiled", out=str(out), notes="")
+  bench.main(type("Args", (), args))
+  record = json.loads(out.read_text())
+  row = dict(zip(record["columns"], record["rows"][0]))
+  assert row["compiled peer"] == error and row["compiled tok/s"] is None
+  assert row["xlt tok/s"] == 4.0 and row["xlt / eager"] == 1.0 and row["xlt compile s"] == 2.0
