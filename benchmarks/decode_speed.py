@@ -19,14 +19,19 @@ each tool writes exactly --new tokens per row, greedily, with no stop token (tra
 its generation config's `eos_token_id=None`, so no row ends early). Timed: the whole call,
 prompt prefill included, from token ids to new token ids on the host; the first call (xlt's
 and torch.compile's compilation) is timed apart, then the median of --reps calls. new tokens/s
-= batch x new / that time.
+= batch x new / that time, steady state: compilation is its own columns ("xlt compile s",
+"torch.compile s": in the first round, the first call less a steady one; every batch size
+compiles anew; inductor's caches start empty in each run and serve the later rounds).
 
   xlt        decode.greedy: the prefill and a jitted `lax.while_loop` over the new tokens, with
              the KV cache, on jax's default CPU device (every core)
   eager      model.generate(do_sample=False): transformers' dynamic cache, PyTorch eager
   compiled   model.generate(cache_implementation="static", compile_config=CompileConfig(
              fullgraph=True, dynamic=False, mode="default")), compiled on the CPU too
-             (transformers compiles only on accelerators unless told)
+             (transformers compiles only on accelerators unless told); the prompt's prefill
+             stays eager, as transformers runs it. Where torch.compile cannot work (inductor
+             needs a C++ compiler) or generate skips it, that batch's row says why in its
+             "compiled peer" column and has no tokens/s; the other tools' rows are unaffected
 
 Measured as benchmarks/finetune_step.py measures: in each round every tool runs in a fresh
 subprocess (every batch size in turn), the tools in an order that rotates by round, so a drift of
@@ -109,10 +114,8 @@ def torch_child(a, compiled: bool) -> dict:
   # no stop token: every row writes --new tokens, as xlt's (which is given no stop id)
   config.update(do_sample=False, max_new_tokens=a.new, eos_token_id=None, pad_token_id=0)
   if compiled:
-    compile_config = transformers.CompileConfig(fullgraph=True, dynamic=False, mode="default")
-    compile_config._compile_all_devices = True  # transformers compiles only on accelerators unless told
-    config.update(cache_implementation="static", compile_config=compile_config)
-  out = {}
+    config.update(**compiled_generation(transformers))
+  out, failed = {}, None
   for batch in a.batches:
     ids = torch.from_numpy(prompts(batch, a.prompt, model.config.vocab_size)).long()
 
@@ -120,9 +123,40 @@ def torch_child(a, compiled: bool) -> dict:
       with torch.inference_mode():
         return model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)[:, ids.shape[1]:].tolist()  # noqa: B023
 
-    out[str(batch)] = _timed(run, a.reps)
+    if not compiled:
+      out[str(batch)] = _timed(run, a.reps)
+      continue
+    if failed:  # every batch size compiles anew: the same failure again, minutes later
+      out[str(batch)] = {"error": failed}
+      continue
+    try:
+      out[str(batch)] = _timed(run, a.reps)
+    except Exception as e:  # noqa: BLE001  (inductor's errors have no common base: record, go on)
+      failed = compile_failure(e)
+      out[str(batch)] = {"error": failed}
+      continue
+    if getattr(model, "_compiled_call", None) is None:  # generate fell back to eager without raising
+      out[str(batch)] = {"error": "generate did not compile the forward pass (transformers skipped it)"}
   return {"batches": out, "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
           "threads": torch.get_num_threads()}
+
+
+def compiled_generation(transformers) -> dict:
+  """The generation-config fields of the second peer, as transformers 5 reads them: a static
+  cache (`StaticCache`, its shapes fixed by batch x (prompt + new)), which generate's
+  `_valid_auto_compile_criteria` requires before it swaps in `get_compiled_call`'s
+  `torch.compile(model.__call__)` for the decoding steps (the prefill stays eager). On a CPU
+  that criterion also wants `compile_config._compile_all_devices` (transformers compiles only
+  on accelerators unless told). mode "default": "reduce-overhead" means CUDA graphs."""
+  compile_config = transformers.CompileConfig(fullgraph=True, dynamic=False, mode="default")
+  compile_config._compile_all_devices = True
+  return {"cache_implementation": "static", "compile_config": compile_config}
+
+
+def compile_failure(e: BaseException) -> str:
+  """One line for a results row: why torch.compile failed here (e.g. no C++ compiler)."""
+  lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+  return f"torch.compile failed: {type(e).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def child_main(a) -> None:
@@ -139,40 +173,51 @@ def run_child(tool: str, a, model: str, tmp: str) -> dict:
   out = os.path.join(tmp, f"{tool}.json")
   cmd = [sys.executable, os.path.abspath(__file__), "--child", tool, "--model", model, "--child_out", out,
          "--batches", a.batches, "--prompt", str(a.prompt), "--new", str(a.new), "--reps", str(a.reps)]
+  # inductor's on-disk caches in this run's own folder: the first round compiles cold, as a
+  # user's first call would, whatever earlier runs left in the default folder
+  env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"))
   t0 = time.perf_counter()
-  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
   if proc.returncode:
     sys.exit(f"the {tool} child failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
   with open(out) as f:
     result = json.load(f)
-  print(f"  {tool}: " + ", ".join(f"batch {b} {r['s']:.3f} s (first {r['first_s']:.1f} s)"
-                                  for b, r in result["batches"].items())
+  print(f"  {tool}: " + ", ".join(f"batch {b} {r['s']:.3f} s (first {r['first_s']:.1f} s)" if "s" in r
+                                  else f"batch {b} {r['error']}" for b, r in result["batches"].items())
         + f"; {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
   return result
 
 
 def summary(rounds: list[dict], a) -> tuple[list[str], list[list]]:
   """The schema's columns and rows: per batch, each tool's median new tokens/s over rounds, the
-  median of the rounds' xlt / peer ratios, and the share of each peer's new tokens equal to
-  xlt's (None for a peer left out by --peers)."""
+  median of the rounds' xlt / peer ratios, the share of each peer's new tokens equal to xlt's,
+  and apart from those, each compiling tool's compile time in the first round (cold caches:
+  later rounds reuse inductor's, see run_child): its first call less its steady call. A peer
+  left out by --peers has None throughout; one whose batch failed in any round (torch.compile
+  with no C++ compiler, say) too, with the reason in the last column ("ok" when it compiled
+  and ran)."""
   columns = ["batch", "xlt tok/s", "eager tok/s", "xlt / eager", "compiled tok/s", "xlt / compiled",
-             "same tokens eager", "same tokens compiled", "xlt first call s", "compiled first call s"]
+             "same tokens eager", "same tokens compiled", "xlt compile s", "torch.compile s", "compiled peer"]
   rows = []
   for b in a.batches.split(","):
-    per_s = {t: [int(b) * a.new / r[t]["batches"][b]["s"] for r in rounds] for t in TOOLS if t in rounds[0]}
-    mine = [t for row in rounds[0]["xlt"]["batches"][b]["ids"] for t in row]
-    rate, ratio, same = {}, {}, {}
+    runs = {t: [r[t]["batches"][b] for r in rounds] for t in TOOLS if t in rounds[0]}
+    errors = {t: next((x["error"] for x in xs if "error" in x), None) for t, xs in runs.items()}
+    ok = {t: xs for t, xs in runs.items() if not errors[t]}
+    per_s = {t: [int(b) * a.new / x["s"] for x in xs] for t, xs in ok.items()}
+    mine = [t for row in runs["xlt"][0]["ids"] for t in row]
+    rate, ratio, same, compile_s = {}, {}, {}, {}
     for t in TOOLS:
-      if t not in per_s:
-        rate[t] = ratio[t] = same[t] = None
+      if t not in ok:
+        rate[t] = ratio[t] = same[t] = compile_s[t] = None
         continue
       rate[t] = round(statistics.median(per_s[t]), 1)
       ratio[t] = round(statistics.median(x / y for x, y in zip(per_s["xlt"], per_s[t])), 2)
-      theirs = [t_ for row in rounds[0][t]["batches"][b]["ids"] for t_ in row]
+      theirs = [t_ for row in ok[t][0]["ids"] for t_ in row]
       same[t] = round(sum(x == y for x, y in zip(mine, theirs)) / len(mine), 3)
-    first = {t: round(rounds[0][t]["batches"][b]["first_s"], 1) if t in per_s else None for t in TOOLS}
+      compile_s[t] = round(max(0.0, ok[t][0]["first_s"] - ok[t][0]["s"]), 1)  # round 1: cold caches
+    status = None if "compiled" not in runs else errors["compiled"] or "ok"
     rows.append([int(b), rate["xlt"], rate["eager"], ratio["eager"], rate["compiled"], ratio["compiled"],
-                 same["eager"], same["compiled"], first["xlt"], first["compiled"]])
+                 same["eager"], same["compiled"], compile_s["xlt"], compile_s["compiled"], status])
   return columns, rows
 
 
@@ -208,7 +253,7 @@ def main(a) -> None:
         wall_s=time.perf_counter() - t_start, versions=versions, notes=a.notes,
         shape=SHAPES[a.shape], prompt=a.prompt, new=a.new, rounds=a.rounds, reps=a.reps,
         torch_threads=next((r["threads"] for r in rounds[0].values() if "threads" in r), None),
-        round_seconds=[{t: {b: r[t]["batches"][b]["times"] for b in r[t]["batches"]} for t in tools} for r in rounds])
+        round_seconds=[{t: {b: r[t]["batches"][b].get("times") for b in r[t]["batches"]} for t in tools} for r in rounds])
 
 
 if __name__ == "__main__":

@@ -85,9 +85,48 @@ def test_decode_speed_rows_are_paired_medians():
   assert row["xlt tok/s"] == 8.0 and row["eager tok/s"] == 4.0 and row["compiled tok/s"] == 8.0
   assert row["xlt / eager"] == 2.0 and row["xlt / compiled"] == 1.0
   assert row["same tokens eager"] == 0.875 and row["same tokens compiled"] == 1.0
+  # compilation apart: round 1's first call (5 s, cold caches) less its steady one (1 s)
+  assert row["xlt compile s"] == 4.0 and row["torch.compile s"] == 4.0 and row["compiled peer"] == "ok"
   without = [{k: v for k, v in r.items() if k != "compiled"} for r in rounds]
   row = dict(zip(columns, bench.summary(without, Args)[1][0]))
   assert row["xlt / eager"] == 2.0 and row["compiled tok/s"] is None and row["xlt / compiled"] is None
+  assert row["compiled peer"] is None and row["torch.compile s"] is None
+  # a round where torch.compile failed: no compiled figures, the reason in the row, the rest as before
+  failed = [dict(r) for r in rounds]
+  failed[1]["compiled"] = {"batches": {"2": {"error": "torch.compile failed: no C++ compiler"}}}
+  row = dict(zip(columns, bench.summary(failed, Args)[1][0]))
+  assert row["compiled peer"] == "torch.compile failed: no C++ compiler"
+  assert row["compiled tok/s"] is None and row["xlt / compiled"] is None and row["same tokens compiled"] is None
+  assert row["xlt / eager"] == 2.0 and row["eager tok/s"] == 4.0
+
+
+def test_decode_speed_compile_failure_is_one_line():
+  from conftest import load_script
+
+  bench = load_script("benchmarks/decode_speed.py")
+  e = RuntimeError("InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx\nmore")
+  assert bench.compile_failure(e) == ("torch.compile failed: RuntimeError: InvalidCxxCompiler: No working C++ "
+                                      "compiler found in torch._inductor.config.cpp.cxx")
+  assert bench.compile_failure(ValueError()) == "torch.compile failed: ValueError: "
+
+
+def test_decode_speed_compiled_peer_asks_for_static_cache_and_cpu_compile():
+  """The generation-config fields transformers 5 needs to compile on a CPU (its
+  `_valid_auto_compile_criteria`): a static cache and `_compile_all_devices`."""
+  from conftest import load_script
+
+  bench = load_script("benchmarks/decode_speed.py")
+
+  class CompileConfig:  # transformers.CompileConfig's fields (no transformers in CI)
+    _compile_all_devices = None
+
+    def __init__(self, **kw):
+      self.__dict__.update(kw)
+
+  fields = bench.compiled_generation(type("transformers", (), {"CompileConfig": CompileConfig}))
+  assert fields["cache_implementation"] == "static"
+  c = fields["compile_config"]
+  assert c._compile_all_devices is True and c.fullgraph is True and c.dynamic is False and c.mode == "default"
 
 
 def test_schema_rows_pair_each_round_and_take_medians():
@@ -102,3 +141,31 @@ def test_schema_rows_pair_each_round_and_take_medians():
   # ratios per round 1.5, 1.0, 4.0: median 1.5, not the ratio of the medians (200 / 100)
   assert rows[0] == ["graph 29", 200.0, 100.0, 1.5, 1.0, 4.0]
   assert rows[1] == ["greedy decoding, batch 4, 3 + 2 tokens: new tokens/s", 20.0, 20.0, 1.0, 0.5, 3.0]
+
+
+def test_decode_speed_writes_a_failed_compile_into_the_results_file(tmp_path, monkeypatch):
+  """A run whose torch.compile peer failed still writes its results file: the other tools'
+  figures, and the reason in the compiled peer's column."""
+  import json
+
+  from conftest import load_script
+
+  bench = load_script("benchmarks/decode_speed.py")
+  error = "torch.compile failed: InductorError: InvalidCxxCompiler: No working C++ compiler found"
+
+  def child(tool, a, model, tmp):
+    if tool == "compiled":
+      return {"batches": {"1": {"error": error}}, "versions": {"torch": "t"}}
+    ok = {"s": 0.5, "first_s": 2.5, "times": [0.5], "ids": [[1, 2]]}
+    return {"batches": {"1": ok}, "versions": {"jax": "j"} if tool == "xlt" else {"torch": "t"}}
+
+  monkeypatch.setattr(bench, "write_checkpoint", lambda *args: None)
+  monkeypatch.setattr(bench, "run_child", child)
+  out = tmp_path / "decode_speed.json"
+  args = dict(quick=False, rounds=2, batches="1", reps=1, new=2, prompt=3, workdir=str(tmp_path), shape="tiny",
+              peers="eager,compiled", out=str(out), notes="")
+  bench.main(type("Args", (), args))
+  record = json.loads(out.read_text())
+  row = dict(zip(record["columns"], record["rows"][0]))
+  assert row["compiled peer"] == error and row["compiled tok/s"] is None
+  assert row["xlt tok/s"] == 4.0 and row["xlt / eager"] == 1.0 and row["xlt compile s"] == 2.0
