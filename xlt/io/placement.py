@@ -8,12 +8,10 @@ source, run on a thread pool (numpy releases the GIL while it copies), and each 
 pages are dropped from the resident set once copied, so the host holds the parameters plus a
 few chunks in flight rather than a second copy of the largest tensor.
 
-Where a load's CPU time went (963 MiB Llama checkpoint, 2-core AMD EPYC VM, CPU seconds of every
-thread): first touching the parameters' fresh memory about 0.9 s, the banded transposes about
-0.35 s, mapping the file's pages 0.1 s. Fresh memory is therefore mapped populated (MAP_POPULATE:
-the kernel allocates and zeroes every page in one call, about half the cost of faulting them in
-one by one while copying), and on a thread of its own one leaf ahead of the copies
-(`Copier.buffers`), so that it overlaps them.
+First touching fresh memory page by page was a load's largest cost on a CPU (more than the
+transposes, in CPU time of every thread), so a parameter's buffer is mapped populated
+(MAP_POPULATE: the kernel allocates and zeroes every page in one call, about half the cost) on a
+thread of its own, one leaf ahead of the copies (`Copier.buffers`), so that it overlaps them.
 """
 
 from __future__ import annotations
