@@ -7,9 +7,12 @@ every weight read, wall time and peak RSS, on Llama-shaped float32 checkpoints m
 (PEER: a virtual environment with torch and transformers; the checkpoints go under --cache,
 by default xlt_load_speed in the system's temporary directory.)
 
-The checkpoints are written once into --cache (kept when already there, with the same shape
-and seed) by xlt's own writer (xlt.io.hf_dir, the layout transformers' save_pretrained
-writes: config.json, shards + index), from seeded random normals, one tensor at a time:
+The checkpoints are written once into --cache (kept when already there, with the same shape,
+seed and writer's alignment) by xlt's own writer (xlt.io.hf_dir, the layout transformers'
+save_pretrained writes: config.json, shards + index; the tensors' bytes start on a 64-byte
+boundary, where save_pretrained's start on an 8-byte one, so the tensors xlt keeps as stored,
+the embedding and norms, are views of the file for xlt too), from seeded random normals, one
+tensor at a time:
   963MiB  hidden 1536, 8 layers, 12 heads / 4 key-value heads, MLP 2816, vocab 32000, 500 MB shards
   3.4GB   hidden 2048, 16 layers, 16 heads / 4 key-value heads, MLP 5632, vocab 32000, 2 GB shards
 (--shapes picks some; "tiny" is a seconds-long check of the script itself).
@@ -86,7 +89,8 @@ class _Normal:
 def write_checkpoint(path: str, name: str, seed: int) -> None:
   """The `name` checkpoint in `path`, unless a stamp says it is there already."""
   shape, shard = SHAPES[name]
-  want = {"shape": shape, "seed": seed, "shard": shard}
+  from xlt.io import tensor_files
+  want = {"shape": shape, "seed": seed, "shard": shard, "data_align": tensor_files.DATA_ALIGN}
   if is_written(path, want):
     return
   from xlt import pretrained

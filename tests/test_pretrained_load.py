@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from xlt import model, pretrained, sharding
+from xlt import model, param_paths, pretrained, sharding
 from xlt.io import hf_dir, placement, tensor_files
 
 HF = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
@@ -53,6 +53,51 @@ def test_copier_copies_transposes_and_casts_in_chunks(monkeypatch, transpose, dt
   assert np.array_equal(dst.view(np.uint8), want.view(np.uint8))  # bit for bit: the same rounding
   assert sorted(released)[0][0] == 0 and sorted(released)[-1][1] == src.nbytes
   assert sum(e - b for b, e in released) == src.nbytes  # every byte released once
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (1024, 600)])  # below and above the 2 MiB of a mapping
+def test_host_buffer_is_aligned_writable_and_exact(shape):
+  buf = placement.host_buffer(shape, np.float32)
+  assert buf.shape == shape and buf.dtype == np.float32 and buf.flags.c_contiguous and buf.flags.writeable
+  assert buf.ctypes.data % placement.ALIGN == 0
+  buf[...] = np.arange(buf.size, dtype=np.float32).reshape(shape)
+  assert buf[-1, -1] == buf.size - 1
+
+
+def test_copier_buffers_come_in_order_and_one_ahead(monkeypatch):
+  made = []
+  monkeypatch.setattr(placement, "host_buffer", lambda shape, dtype: made.append(shape) or np.zeros(shape, dtype))
+  specs = [((2,), np.float32), None, ((3,), np.int8), ((4,), np.float32)]
+  with placement.Copier(1) as copier:
+    got = []
+    for buf in copier.buffers(specs):
+      copier.allocator.submit(lambda: None).result()  # what was submitted ahead has run
+      got.append(None if buf is None else (buf.shape, buf.dtype))
+      # the buffers of the specs up to the next non-None one, never further
+      assert made == [s[0] for s in specs[:len(got) + 1] if s is not None]
+  assert got == [((2,), np.float32), None, ((3,), np.int8), ((4,), np.float32)]
+
+
+def test_saved_tensors_start_aligned_and_stored_leaves_are_views(tmp_path):
+  """xlt's writer starts the tensors' bytes on a 64-byte boundary, so a leaf stored as xlt holds
+  it (a norm's scale) is a view of the file (the parameter on a CPU), and a transposed one a copy;
+  both equal what the file holds."""
+  cfg, params = pretrained.load(os.path.join(HF, "llama"))
+  pretrained.save(cfg, params, str(tmp_path / "out"), source_dir=os.path.join(HF, "llama"))
+  cfg, params = pretrained.load(str(tmp_path / "out"))
+  tensors = hf_dir.read_model_dir(str(tmp_path / "out"))[1]
+  assert min(x.offset for x in tensors.values()) % tensor_files.DATA_ALIGN == 0
+  shapes = pretrained._leaf_shapes(cfg)
+  flat = {param_paths.path_names(p): x for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  kinds = set()
+  for leaf, m in pretrained.table(cfg, "llama", shapes).items():
+    arrays = [pretrained._tensor(tensors, n, "") for n in m.names]
+    view = pretrained._is_view(cfg, leaf, m, arrays, shapes[leaf])
+    assert view == (m.layout != "linear" and arrays[0].offset % placement.ALIGN == 0)
+    kinds.add(view)
+    if view:
+      assert np.array_equal(np.asarray(flat[leaf]), np.asarray(arrays[0]).reshape(shapes[leaf]))
+  assert kinds == {True, False}
 
 
 def test_cast_on_load_equals_jax_cast():

@@ -210,16 +210,21 @@ def load(path: str, *, mesh=None, rules=None, dtype: str | None = None):
   if mesh is not None:
     specs = sharding.param_shardings(_leaf_axes(cfg), mesh, rules or sharding.DEFAULT_RULES, ensemble=False)
     wheres = {paths.path_names(p): s for p, s in jax.tree_util.tree_flatten_with_path(specs)[0]}
-  out, mapped = {}, tensor_files.Mapped()
+  sources = {}
+  for leaf, m in maps.items():
+    sources[leaf] = arrays = [_tensor(tensors, n, path) for n in m.names]
+    want = _hf_shape(m, _unpadded(cfg, leaf, shapes[leaf]))
+    for n, a in zip(m.names, arrays):
+      if tuple(a.shape) != want:
+        raise ValueError(f"tensor {n}: expected shape {list(want)} (for xlt's {paths.path_str(leaf)} "
+                         f"{list(shapes[leaf])}), found {list(a.shape)}")
+  out, mapped, dtype = {}, tensor_files.Mapped(), np.dtype(cfg.param_dtype)
   with placement.Copier() as copier:
-    for leaf, m in maps.items():
-      arrays = [_tensor(tensors, n, path) for n in m.names]
-      want = _hf_shape(m, _unpadded(cfg, leaf, shapes[leaf]))
-      for n, a in zip(m.names, arrays):
-        if tuple(a.shape) != want:
-          raise ValueError(f"tensor {n}: expected shape {list(want)} (for xlt's {paths.path_str(leaf)} "
-                           f"{list(shapes[leaf])}), found {list(a.shape)}")
-      out[leaf] = _place(cfg, leaf, m, arrays, shapes[leaf], wheres[leaf], mapped, copier)
+    # each copied leaf's buffer is allocated while the previous leaf is copied
+    specs = [None if _is_view(cfg, leaf, m, sources[leaf], shapes[leaf]) else (shapes[leaf], dtype) for leaf, m in
+             maps.items()]
+    for (leaf, m), host in zip(maps.items(), copier.buffers(specs)):
+      out[leaf] = _place(cfg, leaf, m, sources[leaf], shapes[leaf], host, wheres[leaf], mapped, copier)
   return cfg, _nest(out)
 
 
@@ -253,28 +258,35 @@ def _unpadded(cfg: model.Config, leaf: tuple, shape: tuple[int, ...]) -> tuple[i
   return tuple(shape)
 
 
-def _place(cfg, leaf, m: Map, arrays: list, shape: tuple[int, ...], where, mapped, copier):
+def _is_view(cfg, leaf, m: Map, arrays: list, shape: tuple[int, ...]) -> bool:
+  """Whether the leaf is its one Hugging Face tensor as stored: the same layout, shape and dtype,
+  and ALIGN-aligned in its file (the mapping starts on a page), so a view of the file is it."""
+  a = arrays[0]
+  return (m.stack is None and not (m.layout == "linear" and m.num_in) and _unpadded(cfg, leaf, shape) == tuple(shape)
+          and a.dtype == np.dtype(cfg.param_dtype) and a.offset is not None and a.offset % placement.ALIGN == 0)
+
+
+def _place(cfg, leaf, m: Map, arrays: list, shape: tuple[int, ...], host, where, mapped, copier):
   """One leaf on its device(s) from its Hugging Face tensors `arrays`. A tensor stored as the
-  leaf is (same layout and dtype, 64-byte aligned in its file) is handed to jax as a view of
-  the mapped file: on a CPU without a mesh that is the parameter, with no copy at all (as
-  transformers maps its tensors). Any other is copied once, transposed and cast on the way,
-  into an aligned host buffer, in chunks over every core (placement.Copier), each chunk's file
+  leaf is (`_is_view`; `host` None) is handed to jax as a view of the mapped file: on a CPU
+  without a mesh that is the parameter, with no copy at all (as transformers maps its tensors).
+  Any other is copied once, transposed and cast on the way, into the aligned host buffer `host`
+  (the leaf's shape and dtype), in chunks over every core (placement.Copier), each chunk's file
   pages dropped once copied; that buffer is the parameter on a CPU, or what the devices' shards
   are copied from."""
-  dtype, stored = np.dtype(cfg.param_dtype), _unpadded(cfg, leaf, shape)
   views = [mapped.view(a) for a in arrays]
-  transposed = m.layout == "linear" and m.num_in
-  if (m.stack is None and not transposed and stored == tuple(shape) and views[0].dtype == dtype and
-      views[0].ctypes.data % placement.ALIGN == 0):
+  if host is None:
     x = jax.device_put(views[0].reshape(shape), where)
     if not placement.aliases(x, views[0]):
       jax.block_until_ready(x)
       mapped.release(arrays[0])
     return x
-  host = placement.host_buffer(shape, dtype)
+  stored = _unpadded(cfg, leaf, shape)
   inner = host[tuple(slice(0, n) for n in stored)]
-  if inner.shape != host.shape:  # the vocabulary padding: zero rows no logit shows
-    host[...] = 0
+  for axis, n in enumerate(stored):  # the vocabulary padding: zero rows (or columns) no logit shows
+    if n < host.shape[axis]:
+      host[(slice(None),) * axis + (slice(n, None),)] = 0
+  transposed = m.layout == "linear" and m.num_in
   jobs = []
   for i, (a, v) in enumerate(zip(arrays, views)):
     member = inner if m.stack is None else inner[(slice(None),) * m.stack + (i,)]

@@ -7,6 +7,11 @@ jax can take without another copy. The copy is cut into chunks of about CHUNK_BY
 source, run on a thread pool (numpy releases the GIL while it copies), and each chunk's file
 pages are dropped from the resident set once copied, so the host holds the parameters plus a
 few chunks in flight rather than a second copy of the largest tensor.
+
+First touching fresh memory page by page was a load's largest cost on a CPU (more than the
+transposes, in CPU time of every thread), so a parameter's buffer is mapped populated
+(MAP_POPULATE: the kernel allocates and zeroes every page in one call, about half the cost) on a
+thread of its own, one leaf ahead of the copies (`Copier.buffers`), so that it overlaps them.
 """
 
 from __future__ import annotations
@@ -22,19 +27,23 @@ CHUNK_BYTES = 8 * 2**20
 
 
 def host_buffer(shape, dtype) -> np.ndarray:
-  """An uninitialised C-contiguous array for a parameter, page-aligned (jax on a CPU takes it
-  without a copy). A large one is an anonymous mapping advised into transparent huge pages:
-  first touching fresh memory page by page was the largest cost of a load after the copies
-  themselves (about half of it saved with 2 MiB pages)."""
+  """A C-contiguous array for a parameter, ALIGN-aligned (jax on a CPU takes it without a
+  copy); its contents are undefined. A large one (from 2 MiB) is a fresh anonymous mapping,
+  populated in one call where the platform has MAP_POPULATE (else advised into transparent
+  huge pages and faulted in as it is written): first touching fresh memory page by page was
+  the largest cost of a load, larger than the transposes."""
   dtype = np.dtype(dtype)
   nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
   if nbytes < 2**21:
     raw = np.empty(nbytes + ALIGN, np.uint8)
     start = -raw.ctypes.data % ALIGN
     return raw[start:start + nbytes].view(dtype).reshape(shape)
-  mm = mmap.mmap(-1, nbytes)
-  if hasattr(mmap, "MADV_HUGEPAGE"):
-    mm.madvise(mmap.MADV_HUGEPAGE)
+  if hasattr(mmap, "MAP_POPULATE"):
+    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
+  else:  # pragma: no cover (not Linux)
+    mm = mmap.mmap(-1, nbytes)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+      mm.madvise(mmap.MADV_HUGEPAGE)
   return np.frombuffer(mm, dtype, int(np.prod(shape, dtype=np.int64))).reshape(shape)
 
 
@@ -59,12 +68,26 @@ class Copier:
 
   def __init__(self, threads: int | None = None):
     self.pool = concurrent.futures.ThreadPoolExecutor(threads or workers())
+    self.allocator = concurrent.futures.ThreadPoolExecutor(1)
 
   def __enter__(self):
     return self
 
   def __exit__(self, *exc):
     self.pool.shutdown(wait=True)
+    self.allocator.shutdown(wait=True)
+
+  def buffers(self, specs):
+    """host_buffer(shape, dtype) for each (shape, dtype) of `specs` in turn (None for a None
+    spec), the next one allocated on a thread of its own while the caller fills this one. One
+    buffer at most is ahead, and it is a parameter to be: the host never holds more than the
+    parameters it is given."""
+    specs = list(specs)
+    submit = lambda spec: None if spec is None else self.allocator.submit(host_buffer, *spec)
+    ahead = submit(specs[0]) if specs else None
+    for i in range(len(specs)):
+      this, ahead = ahead, submit(specs[i + 1]) if i + 1 < len(specs) else None
+      yield None if this is None else this.result()
 
   def run(self, jobs) -> None:
     """Each job (dst [R, C], src, transpose, release): dst = src.T ([C, R]) when transpose,

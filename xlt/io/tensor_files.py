@@ -37,6 +37,7 @@ _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.in
            "U8": np.uint8, "BOOL": np.bool_}
 _DTYPES = {k: np.dtype(v) for k, v in _DTYPES.items()} | _BF16
 _CODES = {v: k for k, v in _DTYPES.items()}
+DATA_ALIGN = 64  # where `save` starts the tensors' bytes (a multiple of the format's 8)
 
 
 class LazyTensor:
@@ -225,7 +226,10 @@ def save(tree, file: str, metadata: dict | None = None) -> None:
   if metadata:
     header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
   raw = json.dumps(header, separators=(",", ":")).encode()
-  raw += b" " * (-len(raw) % 8)  # the format pads the header to a multiple of 8 bytes
+  # The format pads the header with spaces to a multiple of 8 bytes; padded further, the tensors'
+  # bytes start on a 64-byte boundary, so each tensor whose predecessors' sizes are multiples of
+  # 64 bytes is aligned as jax on a CPU needs to take a view of the file without a copy.
+  raw += b" " * (-(8 + len(raw)) % DATA_ALIGN)
   with fileio.atomic_open(file) as f:
     f.write(struct.pack("<Q", len(raw)) + raw)
     for _, x in leaves:
