@@ -134,8 +134,8 @@ def test_sigkill_and_rerun_gives_the_uninterrupted_result(tmp_path):
 
 def test_points_flag_errors(tmp_path):
   # --points outside a grid, or naming a point the grid lacks, and workers that cannot split the
-  # run: one line, exit 2, nothing trained
-  env = dict(os.environ, XLA_FLAGS="", PYTHONUNBUFFERED="1")
+  # run: one line, exit 2, nothing trained (no allocator re-execution: one interpreter start each)
+  env = dict(os.environ, XLA_FLAGS="", XLT_ALLOCATOR="system", PYTHONUNBUFFERED="1")
   for config, want in (("configs/graph.py", "has no grid"), ("configs/graph_table3.py", "not in the grid")):
     r = subprocess.run([sys.executable, "-m", "xlt.main", f"--config={config}", f"--workdir={tmp_path}",
                         "--points=diff_vocab_m256,no_such_point"], env=env, cwd=REPO, capture_output=True, text=True)
