@@ -104,15 +104,36 @@ def finished_testbed_config(shrink):
   return c
 
 
+def built_once(tmp_path_factory, name: str, build) -> pathlib.Path:
+  """The folder `name` that `build(folder)` fills, built once per test session: pytest-xdist's
+  workers share it (the first to ask builds it under a lock; the others wait for it, then read
+  it). Module and session fixtures are per worker, and worksteal may split a module's tests
+  between workers, so a run the tests only read would otherwise be trained once per worker.
+  A build that fails is redone by the next test to ask for it."""
+  import fcntl
+
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # the session's folder, above each worker's own
+  folder, done = root / name, root / f"{name}.built"
+  with open(root / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    if not done.exists():
+      shutil.rmtree(folder, ignore_errors=True)
+      folder.mkdir()
+      build(folder)
+      done.touch()
+  return folder
+
+
 @pytest.fixture(scope="session")
 def finished_testbed(shrink_testbed, tmp_path_factory):
   """A finished tiny testbed run (2 seeds, preset [C] only, 4 steps a stage) that tests only
-  read (the structure command and kind, bases_from), trained once per session (per worker)."""
+  read (the structure command and kind, bases_from), trained once per session (`built_once`)."""
   from xlt import runner
 
-  workdir = tmp_path_factory.mktemp("finished_testbed")
-  runner.run(finished_testbed_config(shrink_testbed), str(workdir), progress=False)
-  return workdir
+  return built_once(tmp_path_factory, "finished_testbed", lambda workdir: runner.run(
+      finished_testbed_config(shrink_testbed), str(workdir), progress=False))
 
 
 def tiny_lm():

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import built_once
 from configs import finetune as finetune_config
 from xlt import model, partition, pretrained, runner
 from xlt.eval import scores as eval_scores
@@ -26,23 +27,26 @@ def _write_jsonl(path, records):
   return str(path)
 
 
-def _data(tmp_path):
+def _data(tmp_path, write: bool = True):
   """task: prompt/completion "w4 wI" -> "wI+1"; language: chat turns "w5 wI" -> "wI wI"
-  (the fixture's tokenizer knows w0 .. w59 and has a chat template)."""
+  (the fixture's tokenizer knows w0 .. w59 and has a chat template); `write`=False: only
+  their paths (written before)."""
   task = [{"prompt": f"w4 w{i}", "completion": f"w{i + 1}"} for i in range(6, 46)]
   lang = [{"messages": [{"role": "user", "content": f"w5 w{i}"}, {"role": "assistant", "content": f"w{i} w{i}"}]}
           for i in range(6, 46)]
   prompts = [{"prompt": f"w4 w{i}", "answer": f"w{i + 1}"} for i in range(6, 10)]
-  return (_write_jsonl(tmp_path / "task.jsonl", task), _write_jsonl(tmp_path / "language.jsonl", lang),
-          _write_jsonl(tmp_path / "prompts.jsonl", prompts))
+  files = {"task.jsonl": task, "language.jsonl": lang, "prompts.jsonl": prompts}
+  return tuple(_write_jsonl(tmp_path / n, r) if write else str(tmp_path / n) for n, r in files.items())
 
 
-def _config(tmp_path):
+def _config(tmp_path, write: bool = True):
+  """The tiny run's config, its base and data in `tmp_path` (`write`=False: written before)."""
   base = tmp_path / "base"
-  shutil.copytree(FIXTURE, base)
+  if write:
+    shutil.copytree(FIXTURE, base)
   c = finetune_config.get_config()
   c.base = str(base)
-  c.data.task, c.data.language, prompts = _data(tmp_path)
+  c.data.task, c.data.language, prompts = _data(tmp_path, write)
   c.data.block_size, c.data.val_fraction = 24, 0.2
   c.train.steps, c.train.eval_every, c.train.batch_size, c.train.checkpoint_every = 4, 2, 4, 2
   c.opt.peak_lr, c.opt.warmup_steps = 1e-2, 1
@@ -62,14 +66,21 @@ def tiny(tmp_path):
   return _config(tmp_path)
 
 
+def _build_finished(folder):
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    runner.run(_config(folder), str(folder / "run"), progress=False)
+  (folder / "stdout.txt").write_text(out.getvalue())
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-  """One run shared by the tests that read its workdir: (config, workdir, rows, its stdout)."""
-  tmp_path = tmp_path_factory.mktemp("finetune")
-  c, workdir, out = _config(tmp_path), str(tmp_path / "run"), io.StringIO()
-  with contextlib.redirect_stdout(out):
-    rows = runner.run(c, workdir, progress=False)
-  return c, workdir, rows, out.getvalue()
+  """One run shared by the tests that read its workdir, trained once per session
+  (conftest.built_once): (config, workdir, rows, its stdout)."""
+  folder = built_once(tmp_path_factory, "finetune", _build_finished)
+  with open(folder / "run" / "results.json", encoding="utf-8") as f:  # the rows runner.run returned
+    rows = json.load(f)
+  return _config(folder, write=False), str(folder / "run"), rows, (folder / "stdout.txt").read_text()
 
 
 def _leaves(tree):

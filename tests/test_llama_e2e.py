@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import built_once
 from configs import finetune as finetune_config
 from configs import llama_base
 from configs import merge as merge_config
@@ -53,19 +54,29 @@ def _finetune_config(base_dir):
   return c
 
 
-@pytest.fixture(scope="module")
-def sequence(tmp_path_factory):
-  """The documented sequence, each step a few steps long: {"base", "ft", "out", "accuracy", ...}."""
-  tmp = tmp_path_factory.mktemp("llama_e2e")
+def _run_sequence(tmp):
   base_dir, ft_dir, out = str(tmp / "base"), str(tmp / "ft"), str(tmp / "out.jsonl")
   with contextlib.redirect_stdout(io.StringIO()):
-    base_rows = runner.run(_base_config(), base_dir, progress=False)
-    ft_rows = runner.run(_finetune_config(base_dir), ft_dir, progress=False)
+    runner.run(_base_config(), base_dir, progress=False)
+    runner.run(_finetune_config(base_dir), ft_dir, progress=False)
     prompts = os.path.join(base_dir, "data", "task_prompts.jsonl")
     accuracy = generate.run([f"--model={os.path.join(ft_dir, 'models', finetune.slug(SWAP))}",
                              f"--prompts={prompts}", f"--output={out}", f"--answers={prompts}", "--max_new=5"])
-  return {"base": base_dir, "ft": ft_dir, "out": out, "prompts": prompts, "accuracy": accuracy,
-          "base_rows": base_rows, "ft_rows": ft_rows}
+  (tmp / "accuracy.json").write_text(json.dumps(accuracy))
+
+
+@pytest.fixture(scope="module")
+def sequence(tmp_path_factory):
+  """The documented sequence, each step a few steps long, run once per session
+  (conftest.built_once): {"base", "ft", "out", "accuracy", ...}."""
+  tmp = built_once(tmp_path_factory, "llama_e2e", _run_sequence)
+  base_dir, ft_dir = str(tmp / "base"), str(tmp / "ft")
+  rows = {}
+  for name, workdir in (("base_rows", base_dir), ("ft_rows", ft_dir)):  # the rows runner.run returned
+    with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
+      rows[name] = json.load(f)
+  return {"base": base_dir, "ft": ft_dir, "out": str(tmp / "out.jsonl"), "accuracy": json.loads(
+      (tmp / "accuracy.json").read_text()), "prompts": os.path.join(base_dir, "data", "task_prompts.jsonl"), **rows}
 
 
 def _leaves(tree):

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+from conftest import built_once
 from configs import merge as merge_config
 from xlt import runner
 from xlt.experiments.testbed import remerge
@@ -43,13 +44,15 @@ def test_statistics_settings_and_placeholders():
 
 @pytest.fixture(scope="module")
 def finished(shrink_testbed, tmp_path_factory):
-  """A tiny finished testbed run whose merges include every method of NEW as a row."""
+  """A tiny finished testbed run whose merges include every method of NEW as a row, trained
+  once per session (conftest.built_once): (config, workdir, its rows)."""
   c = shrink_testbed(merge_config.get_config(), examples=20, tests=8)
   c.num_seeds, c.partition.presets, c.merge.swaps = 2, ("C",), ("1,1,0",)
   c.merge.extra = NEW
   c.merge.statistics = {"examples": 16, "batch_size": 8, "loss_examples": 8}
-  workdir = str(tmp_path_factory.mktemp("run"))
-  return c, workdir, runner.run(c, workdir, progress=False)
+  workdir = built_once(tmp_path_factory, "remerge_run", lambda w: runner.run(c, str(w), progress=False))
+  with open(workdir / "results.json", encoding="utf-8") as f:  # the rows runner.run returned
+    return c, str(workdir), json.load(f)
 
 
 def test_every_new_method_is_a_testbed_row(finished):
