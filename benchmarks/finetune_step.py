@@ -140,12 +140,13 @@ def _xlt_state(cfg, tx, mesh, params, mode: str):
 XLT_MESHES = {"data": {"data": -1}, "fsdp": {"fsdp": -1}, "one": {"data": -1}}
 
 
-def xlt_child(workdir: str, timing: dict, job: str, xlt_mesh: str = "data") -> dict:
-  import jax
+def xlt_setup(workdir: str, job: str, xlt_mesh: str = "data"):
+  """(mesh, jitted step, initial state, trained parameter count, batch) of xlt's `job`
+  ("small/full") on the checkpoint under `workdir` (benchmarks/profile_step.py traces it)."""
   import ml_collections
   import numpy as np
 
-  from xlt import allocator, pretrained, sharding, train
+  from xlt import pretrained, sharding, train
 
   shape, mode = job.split("/")
   spec = SHAPES[shape]
@@ -153,7 +154,15 @@ def xlt_child(workdir: str, timing: dict, job: str, xlt_mesh: str = "data") -> d
   mesh = sharding.make_mesh(XLT_MESHES[xlt_mesh])  # data: as `python -m xlt.main`, every device
   cfg, params = pretrained.load(os.path.join(workdir, shape))
   batch = {"tokens": tokens(spec)[None], "loss_mask": np.ones((1, spec["batch"], spec["seq"]), np.float32)}
-  step, state, trainable = _xlt_state(cfg, tx, mesh, params, mode)
+  return (mesh, *_xlt_state(cfg, tx, mesh, params, mode), batch)
+
+
+def xlt_child(workdir: str, timing: dict, job: str, xlt_mesh: str = "data") -> dict:
+  import jax
+
+  from xlt import allocator
+
+  mesh, step, state, trainable, batch = xlt_setup(workdir, job, xlt_mesh)
   holder = [state]  # the step donates its state: each call replaces it
 
   def run():

@@ -4,6 +4,7 @@ device, and for those that hold matrix products their FLOPs (read from the compi
 speed in GFLOP/s, with the model path the op came from (`block_1/mlp/fc`, backward or not).
 
   python benchmarks/profile_step.py text_proxy [--steps 5] [--top 30] [--trace_dir runs/prof]
+  python benchmarks/profile_step.py finetune:small/full [--workdir runs/finetune]  # a loaded Llama's
 
 Prints the step's median time unprofiled, a table of the costliest ops, then the totals:
 time in ops with products and their speed, and the rest by kind of op. Compare the products'
@@ -142,8 +143,8 @@ def report(times_us: collections.Counter, ops: dict[str, dict], per: float, top:
   return "\n".join(lines)
 
 
-def main(a):
-  import jax
+def _compare_job(a):
+  """(mesh, step, state, batch, label) of one of benchmarks/compare.py's training jobs."""
   import numpy as np
 
   import compare
@@ -151,11 +152,36 @@ def main(a):
 
   jobs = {j["name"]: j for j in compare.plan() if j["kind"] == "train"}
   if a.job not in jobs:
-    raise SystemExit(f"unknown job {a.job!r}; training jobs: {sorted(jobs)}")
+    raise SystemExit(f"unknown job {a.job!r}; training jobs: {sorted(jobs)} or finetune:<shape>/<mode>")
   job = jobs[a.job]
   mesh = sharding.make_mesh({"data": -1})
   step, state, batch = compare.single_model_step(model_lib.Config(**job["model"]), job["batch"], job["seq"],
                                                  mesh, np.random.default_rng(0))
+  return mesh, step, state, batch, job["label"]
+
+
+def _finetune_job(a):
+  """(mesh, step, state, batch, label) of benchmarks/finetune_step.py's xlt side, e.g.
+  finetune:small/full, on the checkpoint that benchmark wrote under --workdir (kept there)."""
+  import finetune_step as ft
+
+  job = a.job.split(":", 1)[1]
+  shape, _, mode = job.partition("/")
+  if shape not in ft.SHAPES or mode not in ft.MODES:
+    raise SystemExit(f"unknown job {a.job!r}; finetune:<shape>/<mode> with a shape of {', '.join(ft.SHAPES)} "
+                     f"and a mode of {', '.join(ft.MODES)}")
+  if not os.path.exists(os.path.join(a.workdir, shape, "config.json")):
+    raise SystemExit(f"no {shape} checkpoint under {a.workdir}: run benchmarks/finetune_step.py --quick "
+                     f"--shapes={shape} --workdir={a.workdir} first (it needs transformers)")
+  mesh, step, state, _, batch = ft.xlt_setup(a.workdir, job)
+  return mesh, step, state, batch, f"finetune {job}"
+
+
+def main(a):
+  import jax
+  import numpy as np
+
+  mesh, step, state, batch, label = _finetune_job(a) if a.job.startswith("finetune:") else _compare_job(a)
   with jax.set_mesh(mesh):
     compiled = step.lower(state, batch).compile()  # run below as compiled, so its HLO is the one traced
     ops = hlo_ops(compiled.as_text())
@@ -176,7 +202,7 @@ def main(a):
       for _ in range(a.steps):
         one()
   devices = len(jax.devices())
-  print(f"{job['label']}: {devices} {jax.devices()[0].platform} device(s), jax {jax.__version__}; "
+  print(f"{label}: {devices} {jax.devices()[0].platform} device(s), jax {jax.__version__}; "
         f"{np.median(times) * 1e3:.1f} ms per step unprofiled (median of 10); {a.steps} steps traced "
         f"in {a.trace_dir}\n")
   print(report(op_times(a.trace_dir), ops, a.steps * devices, a.top))
@@ -185,7 +211,9 @@ def main(a):
 if __name__ == "__main__":
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("job", help="a training job of benchmarks/compare.py (graph_29, graph_128, addition_cpu, "
-                 "addition_ref, text_proxy)")
+                 "addition_ref, text_proxy), or finetune:<shape>/<mode> (benchmarks/finetune_step.py's xlt step)")
+  p.add_argument("--workdir", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs",
+                                                   "finetune"), help="finetune jobs: the checkpoints' directory")
   p.add_argument("--steps", type=int, default=5, help="steps traced")
   p.add_argument("--top", type=int, default=30, help="ops listed")
   p.add_argument("--trace_dir", default=os.path.join(tempfile.gettempdir(), "xlt_profile_step"),
