@@ -19,8 +19,11 @@ tokens/s counts the tokens written (a row ends early where the random model writ
 Each backend answers each kind of request once as a warm-up (xlt compiles its programs then;
 timed apart as "first call s"), then --rounds more times, the two backends alternating (which
 goes first flips by round); a rate is the median round, a ratio the median of the rounds'
-paired ratios. Both use batch --batch. xlt runs on the default device (the CPU's cores as one
-device), hf on torch's CPU threads. The answers are compared (loglikelihoods to 1e-4,
+paired ratios; each round's CPU seconds (the process's, all threads) are kept too. Both use
+batch --batch. xlt starts as `python -m xlt.eval` does: the CPU's cores as devices, one per
+core (xlt.cpu_devices; XLT_CPU_DEVICES sets the count), each running its share of every batch's
+rows (a data mesh); --one_device runs it on one device with the cores as its threads. hf runs on
+torch's CPU threads. The answers are compared (loglikelihoods to 1e-4,
 generations exactly). Prints a markdown table and writes the results file (results/benchmarks
 schema: columns, rows, command, commit, machine) to --out. Timings on a shared machine vary by
 tens of percent between runs, and torch's threads lose more than XLA's when other processes
@@ -84,26 +87,29 @@ def make_requests(args):
 KINDS = ("ll", "mc", "gen")
 
 
-def run_kind(lm, kind: str, requests) -> tuple[float, list]:
-  t = time.perf_counter()
+def run_kind(lm, kind: str, requests) -> tuple[float, float, list]:
+  """(wall seconds, this process's CPU seconds: all its threads, answers) of one call."""
+  t, cpu = time.perf_counter(), time.process_time()
   if kind == "gen":
     answers = lm.generate_until(requests, disable_tqdm=True)
   else:
     answers = [x[0] for x in lm.loglikelihood(requests, disable_tqdm=True)]
-  return time.perf_counter() - t, answers
+  return time.perf_counter() - t, time.process_time() - cpu, answers
 
 
 def measure(lms: dict, requests: dict, rounds: int) -> dict:
   """Per backend and request kind: the first call's seconds (xlt compiles then), each round's
-  seconds (the backends alternate, which goes first by round), the answers."""
+  wall and CPU seconds (the backends alternate, which goes first by round), the answers."""
   out = {name: {} for name in lms}
   for kind in KINDS:
     for name, lm in lms.items():
-      first, answers = run_kind(lm, kind, requests[kind])
-      out[name][kind] = {"first_s": first, "s": [], "answers": answers}
+      first, _, answers = run_kind(lm, kind, requests[kind])
+      out[name][kind] = {"first_s": first, "s": [], "cpu_s": [], "answers": answers}
     for r in range(rounds):
       for name in (list(lms) if r % 2 == 0 else list(lms)[::-1]):
-        out[name][kind]["s"].append(run_kind(lms[name], kind, requests[kind])[0])
+        wall, cpu, _ = run_kind(lms[name], kind, requests[kind])
+        out[name][kind]["s"].append(wall)
+        out[name][kind]["cpu_s"].append(cpu)
   return out
 
 
@@ -141,11 +147,20 @@ def main():
   p.add_argument("--gen", type=int, default=32, help="generate_until requests")
   p.add_argument("--new", type=int, default=64, help="max_gen_toks")
   p.add_argument("--batch", type=int, default=32)
+  p.add_argument("--one_device", action="store_true",
+                 help="xlt on one CPU device (XLT_CPU_DEVICES=1) instead of one per core (xlt.cpu_devices)")
   p.add_argument("--rounds", type=int, default=3)
   p.add_argument("--notes", default="", help="a caveat for the results file (e.g. 'taken on a busy machine')")
   p.add_argument("--smoke", action="store_true", help="tiny sizes, one round")
   args = p.parse_args()
   t_start = time.perf_counter()
+  if args.one_device:
+    os.environ["XLT_CPU_DEVICES"] = "1"
+  from xlt import cpu_devices
+
+  # as `python -m xlt.eval` starts, before jax starts its backend: the cores as devices (one
+  # per core), each batch's rows split over them
+  cpu_devices.configure()
   if args.smoke:
     args.vocab, args.hidden, args.layers, args.context, args.ll, args.mc, args.ctx, args.gen, args.new, args.rounds = (
         256, 64, 2, 128, 16, 4, 40, 4, 8, 1)
@@ -155,9 +170,11 @@ def main():
   requests = dict(zip(KINDS, make_requests(args)))
   from lm_eval.models.huggingface import HFLM
 
+  from xlt import decode
   from xlt.eval.harness import XltLM
 
-  lms = {"xlt": XltLM(pretrained=d, batch_size=args.batch, dtype="float32"),
+  mesh = decode.cpu_data_mesh()
+  lms = {"xlt": XltLM(pretrained=d, batch_size=args.batch, dtype="float32", mesh=mesh),
          "hf": HFLM(pretrained=d, batch_size=args.batch, dtype="float32", device="cpu")}
   m = measure(lms, requests, args.rounds)
   xlt, hf = m["xlt"], m["hf"]
@@ -166,7 +183,8 @@ def main():
            "generations_equal": sum(a == b for a, b in zip(xlt["gen"]["answers"], hf["gen"]["answers"])),
            "generations": len(requests["gen"])}
   columns, rows = summary(m, requests)
-  print(f"model {os.path.basename(d)}, batch {args.batch}, median of {args.rounds} rounds; agreement {agree}")
+  print(f"model {os.path.basename(d)}, batch {args.batch}, xlt mesh {mesh or 'one device'}, median of {args.rounds} "
+        f"rounds; agreement {agree}")
   print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
   for row in rows:
     print("| " + " | ".join(str(x) for x in row) + " |")
@@ -184,8 +202,9 @@ def main():
         wall_s=time.perf_counter() - t_start, notes=args.notes,
         versions={"jax": jax.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
                   "lm_eval": lm_eval.__version__},
-        args=vars(args), agreement=agree,
-        seconds={name: {k: {"first_s": v["first_s"], "s": v["s"]} for k, v in kinds.items()} for name, kinds in m.items()})
+        args=vars(args), agreement=agree, xlt_mesh=mesh or "one device",
+        seconds={name: {k: {key: v[key] for key in ("first_s", "s", "cpu_s")} for k, v in kinds.items()}
+                 for name, kinds in m.items()})
 
 
 if __name__ == "__main__":

@@ -99,6 +99,20 @@ def test_greedy_reports_stops(llama):
     decode.greedy(cfg, params, [prompt], max_new=cfg.block_size)
 
 
+def test_cpu_data_mesh_spans_the_cpu_devices(llama):
+  """The 8 CPU devices (tests/conftest.py) as one data axis: rows split 8 ways, the parameters
+  replicated, and a batch's greedy tokens those of one device."""
+  import jax
+
+  assert jax.device_count() == 8 and decode.cpu_data_mesh() == "data=8"
+  cfg, params, prompt, _, _ = llama
+  mesh = decode.make_mesh(decode.cpu_data_mesh())
+  assert mesh.shape["data"] == 8 and decode.rows_multiple(mesh) == 8
+  placed = decode.place(cfg, params, mesh)
+  rows = [prompt, prompt[2:], [7, 9]]
+  assert decode.greedy(cfg, placed, rows, max_new=6, mesh=mesh) == decode.greedy(cfg, params, rows, max_new=6)
+
+
 def test_sharded_equals_one_device(llama):
   """data=2, fsdp=2, tensor=2: rows over data x fsdp, parameters over fsdp (embed) and tensor."""
   cfg, params, prompt, theirs, _ = llama

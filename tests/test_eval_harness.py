@@ -192,6 +192,20 @@ def test_eval_cli_user_errors(tmp_path, capsys):
     assert "unknown task" in capsys.readouterr().err
 
 
+def test_eval_cli_default_mesh_is_the_cpu_devices(tmp_path, capsys, monkeypatch):
+  """`python -m xlt.eval` (cpu_devices=True: it made the cores devices) splits rows over the 8
+  CPU devices when --mesh is not given; called in-process without that, one device."""
+  from xlt.eval import __main__ as cli
+
+  def evaluate(model_dir, tasks, *, mesh, **kwargs):
+    raise ValueError(f"mesh {mesh}")  # what run() passes on, reported as a user error
+
+  monkeypatch.setattr(cli, "evaluate", evaluate)
+  for argv, cpu_devices, mesh in (([], True, "data=8"), ([], False, None), (["--mesh=data=2"], True, "data=2")):
+    assert cli.main([f"--model={tmp_path}", "--tasks=x", *argv], cpu_devices=cpu_devices) == 2
+    assert f"mesh {mesh}" in capsys.readouterr().err
+
+
 def test_lm_eval_registry_knows_xlt():
   pytest.importorskip("lm_eval")
   from lm_eval.api.registry import get_model

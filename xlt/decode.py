@@ -84,6 +84,15 @@ def make_mesh(spec: str | dict | None):
   return None if spec is None else sharding.make_mesh(spec)
 
 
+def cpu_data_mesh() -> str | None:
+  """"data=N" over this process's N CPU devices (xlt.cpu_devices makes one per core), or None
+  (one device, or an accelerator's): each batch's rows split over the cores, where one device
+  leaves some of them idle in a decoding step's small products (docs/evaluate.md, "Speed")."""
+  if jax.default_backend() != "cpu" or jax.device_count() == 1:
+    return None
+  return f"data={jax.device_count()}"
+
+
 def place(cfg: model_lib.Config, params, mesh, rules=sharding.DEFAULT_RULES):
   """`params` (no ensemble axis) laid out on `mesh` as training lays them out; as they are
   when `mesh` is None."""

@@ -6,8 +6,11 @@
 
 Task configs come from lm-eval, xlt's own (xlt/eval/tasks: MGSM over the user's files, see
 docs/evaluate.md) and --include_path. Prints lm-eval's table and writes {"results": ...,
-"configs": ...} to --output (atomically). Needs lm-eval (`pip install 'xlt[eval]'`); a user
-error (a missing model directory, an unknown task, no lm-eval) is one line and exit status 2.
+"configs": ...} to --output (atomically). On a CPU the cores are devices, one per core
+(xlt.cpu_devices, as `python -m xlt.main`; XLT_CPU_DEVICES=1: one device), and without --mesh
+each batch's rows are split over them (xlt.decode.cpu_data_mesh). Needs lm-eval (`pip install
+'xlt[eval]'`); a user error (a missing model directory, an unknown task, no lm-eval) is one
+line and exit status 2.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--num_fewshot", type=int, default=None)
   p.add_argument("--limit", type=float, default=None, help="documents per task (a fraction if < 1)")
   p.add_argument("--batch", type=int, default=16, help="requests per batch")
-  p.add_argument("--mesh", default=None, help="e.g. data=4,tensor=2 (default: one device)")
+  p.add_argument("--mesh", default=None,
+                 help="e.g. data=4,tensor=2 (default: on a CPU, data over its cores as devices; else one device)")
   p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
   p.add_argument("--include_path", default=None, help="a folder of more task configs")
   p.add_argument("--apply_chat_template", action="store_true", help="prompts through the model's chat template")
@@ -62,7 +66,9 @@ def evaluate(model_dir: str, tasks: list[str], *, batch: int = 16, mesh: str | N
                                  apply_chat_template=apply_chat_template, log_samples=False)
 
 
-def run(argv: list[str]) -> dict:
+def run(argv: list[str], cpu_devices: bool = False) -> dict:
+  """The command; `cpu_devices`: the process made the CPU's cores devices (xlt.cpu_devices), and
+  a batch's rows are split over them where --mesh is not given."""
   args = _parser().parse_args(argv)
   if not os.path.isdir(args.model):
     raise UserError(f"no model directory {args.model}")
@@ -73,6 +79,10 @@ def run(argv: list[str]) -> dict:
   except json.JSONDecodeError as e:
     raise UserError(f"--metadata is not JSON: {e.msg}") from None
   tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+  if args.mesh is None and cpu_devices:  # the cores that `python -m xlt.eval` made devices
+    from xlt import decode
+
+    args.mesh = decode.cpu_data_mesh()
   out = evaluate(args.model, tasks, batch=args.batch, mesh=args.mesh, dtype=args.dtype, num_fewshot=args.num_fewshot,
                  limit=args.limit, include_path=args.include_path, apply_chat_template=args.apply_chat_template,
                  max_gen_toks=args.max_gen_toks, metadata=metadata)
@@ -85,9 +95,18 @@ def run(argv: list[str]) -> dict:
   return record
 
 
-def main(argv=None) -> int:
-  return cli.run_command("xlt.eval", run, argv)
+def main(argv=None, cpu_devices: bool = False) -> int:
+  return cli.run_command("xlt.eval", lambda a: run(a, cpu_devices), argv)
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  from xlt import cpu_devices as cpu_devices_lib
+
+  # as `python -m xlt.main` starts, before jax starts its backend: on a CPU one device per core
+  # (XLT_CPU_DEVICES sets the count), the default --mesh then splits every batch's rows over them
+  try:
+    cpu_devices_lib.configure()
+  except ValueError as e:  # a bad XLT_CPU_DEVICES / XLT_CPU_CORES
+    print(f"xlt.eval: error: {e}", file=sys.stderr)
+    sys.exit(2)
+  sys.exit(main(cpu_devices=True))
