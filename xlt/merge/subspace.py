@@ -56,20 +56,23 @@ def _top_triplets(x, k: int):
   return (q, s, (q.T @ x) / s[:, None]) if wide else ((x @ q) / s, s, q.T)
 
 
-def _polar_and_spectrum(x):
-  """(U V^T, S) of x = U S V^T: the nearest matrix with orthonormal columns (rows, for a wide x),
-  how both papers decorrelate stacked singular vectors, and x's singular values."""
+def _polar_factors(x):
+  """((a, b), S) with a @ b = U V^T for x = U S V^T: the nearest matrix with orthonormal columns
+  (rows, for a wide x), how both papers decorrelate stacked singular vectors, as two factors
+  (x and (x^T x)^(-1/2), so a caller's product can take the cheaper order), and x's singular
+  values."""
   lam, q, wide = _gram_eigh(x)
   if not lam[0] > 0 or lam[-1] < _GRAM_TOL * lam[0]:
     u, s, vt = np.linalg.svd(x, full_matrices=False)
-    return u @ vt, s
+    return (u, vt), s
   s = np.sqrt(lam)
   inverse_root = (q / s) @ q.T  # (x x^T)^(-1/2), or (x^T x)^(-1/2)
-  return (inverse_root @ x if wide else x @ inverse_root), s
+  return ((inverse_root, x) if wide else (x, inverse_root)), s
 
 
 def _polar(x) -> np.ndarray:
-  return _polar_and_spectrum(x)[0]
+  a, b = _polar_factors(x)[0]
+  return a @ b
 
 
 def _task_vectors(base, experts):
@@ -115,7 +118,9 @@ def tsv_m(base, experts, *, alpha: float = 1.0):
     u = np.concatenate([u for u, _, _ in svds], axis=1)
     s = np.concatenate([s for _, s, _ in svds])
     vt = np.concatenate([vt for _, _, vt in svds], axis=0)
-    return (_polar(u) * s) @ _polar(vt)
+    (u1, u2), _ = _polar_factors(u)
+    (v1, v2), _ = _polar_factors(vt)
+    return np.linalg.multi_dot([u1, u2 * s, v1, v2])
 
   merged = _matrix_merge(b, tvs, merge_rows)
   return b + alpha * (sum(tvs) / len(tvs) if merged is None else merged)
@@ -133,8 +138,8 @@ def iso_c(base, experts, *, alpha: float = 1.0):
   b, tvs = _task_vectors(base, experts)
 
   def merge_rows(rows):
-    polar, s = _polar_and_spectrum(sum(rows))
-    return polar * s.mean()
+    (a, b), s = _polar_factors(sum(rows))
+    return (a * s.mean()) @ b if a.shape[0] < b.shape[1] else a @ (b * s.mean())
 
   merged = _matrix_merge(b, tvs, merge_rows)
   return b + alpha * (sum(tvs) / len(tvs) if merged is None else merged)
