@@ -25,6 +25,13 @@ sequences of --seq_len tokens (seeded, the same for both tools and both experts)
 
 The results file (the speed schema: docs/speed.md) has per method and tool the median wall
 time and the largest peak RSS, the ratios, and the largest |xlt - fusion-bench| of the outputs.
+Each method can run on its own (--methods), so the benchmark fits in pieces of a few minutes:
+a later run on the same inputs merges its methods' rows into the --out it finds (replacing those
+methods' earlier rows, keeping the others, and recording each method's command in "runs"):
+
+  python benchmarks/merge_vs_fusion.py --methods=tsv_m --out=results/benchmarks/merge_vs_fusion.json
+  python benchmarks/merge_vs_fusion.py --methods=iso_c --out=results/benchmarks/merge_vs_fusion.json
+  python benchmarks/merge_vs_fusion.py --methods=regmean --out=results/benchmarks/merge_vs_fusion.json
 """
 
 from __future__ import annotations
@@ -159,6 +166,28 @@ def write_tokens(work: str, examples: int, seq_len: int, vocab: int) -> str:
   return path
 
 
+def earlier(path: str | None, inputs: dict) -> dict:
+  """The record at path when it holds a run on the same inputs (its rows are merged with this
+  run's), {} when there is none; exits 2 when it holds another input's."""
+  if not path or not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    record = json.load(f)
+  if record.get("inputs") != inputs:
+    sys.exit(f"error: {path} holds a run on other inputs ({record.get('inputs')}); pass another --out or remove it")
+  return record
+
+
+def merged_record(old: dict, methods: list[str], table: list[list], results: list[dict], run: dict) -> dict:
+  """rows, measurements, runs and wall time: this run's methods replace their earlier rows."""
+  rows_by = {r[0]: r for r in old.get("rows", [])} | {r[0]: r for r in table}
+  runs = {m: r for m, r in old.get("runs", {}).items() if m not in methods} | {m: run for m in methods}
+  return {"rows": [rows_by[m] for m in METHODS if m in rows_by],
+          "measurements": [x for x in old.get("measurements", []) if x["method"] not in methods] + results,
+          "runs": {m: runs[m] for m in METHODS if m in runs},
+          "wall_s": sum(r["wall_s"] for r in {id(r): r for r in runs.values()}.values())}
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "xlt_fusion_bench"), help="where the checkpoints and outputs go")
@@ -177,6 +206,8 @@ def main():
   methods = args.methods.split(",")
   if unknown := sorted(set(methods) - set(METHODS)):
     ap.error(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
+  inputs = {k: getattr(args, k) for k in ("hidden", "layers", "vocab", "mlp", "examples", "seq_len", "batch")}
+  old = earlier(args.out, inputs)
   start = time.time()
   os.makedirs(args.work, exist_ok=True)
   dirs = shared.write_models(args.work, args.hidden, args.layers, args.vocab, args.mlp)
@@ -199,16 +230,18 @@ def main():
   if args.out:
     sys.path.insert(0, ROOT)
     from benchmarks import results_file
+    from xlt import report
+    run = {"command": results_file.command_line(), "commit": report.git_commit(ROOT), "wall_s": round(time.time() - start, 1)}
+    merged = merged_record(old, methods, table, results, run)
     results_file.write(
         args.out, benchmark=os.path.splitext(os.path.basename(args.out))[0],
         title="Subspace and data-aware merges against fusion-bench, wall time and peak RSS", columns=columns,
-        rows=table, wall_s=time.time() - start, versions=versions(sys.executable),
+        rows=merged["rows"], wall_s=merged["wall_s"], versions=versions(sys.executable),
         notes=(f"Inputs: three {size_mib:.1f} MiB float32 Llama-shaped checkpoints (hidden {args.hidden}, "
                         f"{args.layers} layers, vocab {args.vocab}, MLP {args.mlp}); RegMean over {args.examples} random "
                         f"sequences of {args.seq_len} tokens per expert. Median wall time and largest peak RSS of each "
                         "tool's own process over alternating rounds. " + args.notes).strip(),
-        measurements=results)
-
+        inputs=inputs, runs=merged["runs"], measurements=merged["measurements"])
 
 if __name__ == "__main__":
   main()
