@@ -123,7 +123,9 @@ def test_the_gram_eigendecomposition_path_is_the_svd_and_rank_deficient_matrices
   svd = np.linalg.svd
 
   def counted(*args, **kwargs):
-    calls.append(args[0].shape)
+    k = min(shape) // 2
+    if args[0].shape != (k, k):  # TSV-M's two-expert case: the SVD of u_1^T u_2, k x k
+      calls.append(args[0].shape)
     return svd(*args, **kwargs)
 
   with pytest.MonkeyPatch.context() as mp:

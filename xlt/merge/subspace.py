@@ -70,6 +70,22 @@ def _polar_factors(x):
   return ((inverse_root, x) if wide else (x, inverse_root)), s
 
 
+def _pair_inverse_root(a, b):
+  """(X^T X)^(-1/2) for X = [a b], a and b each with orthonormal columns, from the SVD of the
+  small a^T b = P diag(c) Q^T (c: the cosines of their principal angles; X^T X's eigenvalues are
+  1 +- c): TSV-M's two-expert case, a k-square SVD instead of a 2k-square eigendecomposition.
+  None where the two spans nearly share a direction (the general path decides)."""
+  if a.shape[1] != b.shape[1]:
+    return None
+  p, c, qt = np.linalg.svd(a.T @ b)
+  if 1 - c[0] < _GRAM_TOL * (1 + c[0]):
+    return None
+  plus_root, minus_root = 1 / np.sqrt(1 + c), 1 / np.sqrt(1 - c)
+  same, cross = (plus_root + minus_root) / 2, (plus_root - minus_root) / 2
+  q = qt.T
+  return np.block([[(p * same) @ p.T, (p * cross) @ qt], [(q * cross) @ p.T, (q * same) @ qt]])
+
+
 def _polar(x) -> np.ndarray:
   a, b = _polar_factors(x)[0]
   return a @ b
@@ -118,8 +134,10 @@ def tsv_m(base, experts, *, alpha: float = 1.0):
     u = np.concatenate([u for u, _, _ in svds], axis=1)
     s = np.concatenate([s for _, s, _ in svds])
     vt = np.concatenate([vt for _, _, vt in svds], axis=0)
-    (u1, u2), _ = _polar_factors(u)
-    (v1, v2), _ = _polar_factors(vt)
+    root_u = _pair_inverse_root(svds[0][0], svds[1][0]) if len(svds) == 2 else None
+    root_v = _pair_inverse_root(svds[0][2].T, svds[1][2].T) if len(svds) == 2 else None
+    u1, u2 = (u, root_u) if root_u is not None else _polar_factors(u)[0]
+    v1, v2 = (root_v, vt) if root_v is not None else _polar_factors(vt)[0]
     return np.linalg.multi_dot([u1, u2 * s, v1, v2])
 
   merged = _matrix_merge(b, tvs, merge_rows)
