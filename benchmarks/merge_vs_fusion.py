@@ -24,7 +24,8 @@ sequences of --seq_len tokens (seeded, the same for both tools and both experts)
                 targets do), then its merging_with_regmean_weights.
 
 The results file (the speed schema: docs/speed.md) has per method and tool the median wall
-time and the largest peak RSS, the ratios, and the largest |xlt - fusion-bench| of the outputs.
+time and the largest peak RSS, the ratios (and of the median CPU seconds, which compare the
+tools' work on a busy machine), and the largest |xlt - fusion-bench| of the outputs.
 Each method can run on its own (--methods), so the benchmark fits in pieces of a few minutes:
 a later run on the same inputs merges its methods' rows into the --out it finds (replacing those
 methods' earlier rows, keeping the others, and recording each method's command in "runs"):
@@ -147,9 +148,10 @@ def rows(results: list[dict], methods, diffs: dict) -> list[list]:
     by = {tool: [x for x in results if x["method"] == method and x["tool"] == tool] for tool in ("xlt", "fusion-bench")}
     wall = {t: statistics.median(x["wall_s"] for x in v) for t, v in by.items()}
     rss = {t: max(x["peak_rss_mib"] for x in v) for t, v in by.items()}
+    cpu = {t: statistics.median(x["cpu_s"] for x in v) for t, v in by.items()}
     out.append([method, round(wall["xlt"], 2), round(wall["fusion-bench"], 2), round(wall["xlt"] / wall["fusion-bench"], 2),
                 round(rss["xlt"]), round(rss["fusion-bench"]), round(rss["xlt"] / rss["fusion-bench"], 2),
-                len(by["xlt"]), float(f"{diffs[method]:.3g}")])
+                round(cpu["xlt"] / cpu["fusion-bench"], 2), len(by["xlt"]), float(f"{diffs[method]:.3g}")])
   return out
 
 
@@ -224,7 +226,7 @@ def main():
         results.append(m)
     diffs[method] = max_abs_diff(f"{out}_xlt", f"{out}_fusion.safetensors")
   columns = ["method", "xlt s", "fusion-bench s", "xlt / fusion-bench (time)", "xlt peak RSS MiB",
-             "fusion-bench peak RSS MiB", "xlt / fusion-bench (RSS)", "rounds", "max |xlt - fusion-bench|"]
+             "fusion-bench peak RSS MiB", "xlt / fusion-bench (RSS)", "xlt / fusion-bench (CPU s)", "rounds", "max |xlt - fusion-bench|"]
   table = rows(results, methods, diffs)
   print("| " + " | ".join(columns) + " |\n" + "\n".join("| " + " | ".join(map(str, r)) + " |" for r in table))
   if args.out:
