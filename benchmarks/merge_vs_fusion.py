@@ -24,7 +24,15 @@ sequences of --seq_len tokens (seeded, the same for both tools and both experts)
                 targets do), then its merging_with_regmean_weights.
 
 The results file (the speed schema: docs/speed.md) has per method and tool the median wall
-time and the largest peak RSS, the ratios, and the largest |xlt - fusion-bench| of the outputs.
+time and the largest peak RSS, the ratios (and of the median CPU seconds, which compare the
+tools' work on a busy machine), and the largest |xlt - fusion-bench| of the outputs.
+Each method can run on its own (--methods), so the benchmark fits in pieces of a few minutes:
+a later run on the same inputs merges its methods' rows into the --out it finds (replacing those
+methods' earlier rows, keeping the others, and recording each method's command in "runs"):
+
+  python benchmarks/merge_vs_fusion.py --methods=tsv_m --out=results/benchmarks/merge_vs_fusion.json
+  python benchmarks/merge_vs_fusion.py --methods=iso_c --out=results/benchmarks/merge_vs_fusion.json
+  python benchmarks/merge_vs_fusion.py --methods=regmean --out=results/benchmarks/merge_vs_fusion.json
 """
 
 from __future__ import annotations
@@ -140,9 +148,10 @@ def rows(results: list[dict], methods, diffs: dict) -> list[list]:
     by = {tool: [x for x in results if x["method"] == method and x["tool"] == tool] for tool in ("xlt", "fusion-bench")}
     wall = {t: statistics.median(x["wall_s"] for x in v) for t, v in by.items()}
     rss = {t: max(x["peak_rss_mib"] for x in v) for t, v in by.items()}
+    cpu = {t: statistics.median(x["cpu_s"] for x in v) for t, v in by.items()}
     out.append([method, round(wall["xlt"], 2), round(wall["fusion-bench"], 2), round(wall["xlt"] / wall["fusion-bench"], 2),
                 round(rss["xlt"]), round(rss["fusion-bench"]), round(rss["xlt"] / rss["fusion-bench"], 2),
-                len(by["xlt"]), float(f"{diffs[method]:.3g}")])
+                round(cpu["xlt"] / cpu["fusion-bench"], 2), len(by["xlt"]), float(f"{diffs[method]:.3g}")])
   return out
 
 
@@ -157,6 +166,28 @@ def write_tokens(work: str, examples: int, seq_len: int, vocab: int) -> str:
   path = os.path.join(work, f"tokens_{examples}x{seq_len}.npy")
   np.save(path, np.random.default_rng(0).integers(0, vocab, (examples, seq_len)).astype(np.int32))
   return path
+
+
+def earlier(path: str | None, inputs: dict) -> dict:
+  """The record at path when it holds a run on the same inputs (its rows are merged with this
+  run's), {} when there is none; exits 2 when it holds another input's."""
+  if not path or not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    record = json.load(f)
+  if record.get("inputs") != inputs:
+    sys.exit(f"error: {path} holds a run on other inputs ({record.get('inputs')}); pass another --out or remove it")
+  return record
+
+
+def merged_record(old: dict, methods: list[str], table: list[list], results: list[dict], run: dict) -> dict:
+  """rows, measurements, runs and wall time: this run's methods replace their earlier rows."""
+  rows_by = {r[0]: r for r in old.get("rows", [])} | {r[0]: r for r in table}
+  runs = {m: r for m, r in old.get("runs", {}).items() if m not in methods} | {m: run for m in methods}
+  return {"rows": [rows_by[m] for m in METHODS if m in rows_by],
+          "measurements": [x for x in old.get("measurements", []) if x["method"] not in methods] + results,
+          "runs": {m: runs[m] for m in METHODS if m in runs},
+          "wall_s": sum(r["wall_s"] for r in {id(r): r for r in runs.values()}.values())}
 
 
 def main():
@@ -177,6 +208,8 @@ def main():
   methods = args.methods.split(",")
   if unknown := sorted(set(methods) - set(METHODS)):
     ap.error(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
+  inputs = {k: getattr(args, k) for k in ("hidden", "layers", "vocab", "mlp", "examples", "seq_len", "batch")}
+  old = earlier(args.out, inputs)
   start = time.time()
   os.makedirs(args.work, exist_ok=True)
   dirs = shared.write_models(args.work, args.hidden, args.layers, args.vocab, args.mlp)
@@ -193,22 +226,24 @@ def main():
         results.append(m)
     diffs[method] = max_abs_diff(f"{out}_xlt", f"{out}_fusion.safetensors")
   columns = ["method", "xlt s", "fusion-bench s", "xlt / fusion-bench (time)", "xlt peak RSS MiB",
-             "fusion-bench peak RSS MiB", "xlt / fusion-bench (RSS)", "rounds", "max |xlt - fusion-bench|"]
+             "fusion-bench peak RSS MiB", "xlt / fusion-bench (RSS)", "xlt / fusion-bench (CPU s)", "rounds", "max |xlt - fusion-bench|"]
   table = rows(results, methods, diffs)
   print("| " + " | ".join(columns) + " |\n" + "\n".join("| " + " | ".join(map(str, r)) + " |" for r in table))
   if args.out:
     sys.path.insert(0, ROOT)
     from benchmarks import results_file
+    from xlt import report
+    run = {"command": results_file.command_line(), "commit": report.git_commit(ROOT), "wall_s": round(time.time() - start, 1)}
+    merged = merged_record(old, methods, table, results, run)
     results_file.write(
         args.out, benchmark=os.path.splitext(os.path.basename(args.out))[0],
         title="Subspace and data-aware merges against fusion-bench, wall time and peak RSS", columns=columns,
-        rows=table, wall_s=time.time() - start, versions=versions(sys.executable),
+        rows=merged["rows"], wall_s=merged["wall_s"], versions=versions(sys.executable),
         notes=(f"Inputs: three {size_mib:.1f} MiB float32 Llama-shaped checkpoints (hidden {args.hidden}, "
                         f"{args.layers} layers, vocab {args.vocab}, MLP {args.mlp}); RegMean over {args.examples} random "
                         f"sequences of {args.seq_len} tokens per expert. Median wall time and largest peak RSS of each "
                         "tool's own process over alternating rounds. " + args.notes).strip(),
-        measurements=results)
-
+        inputs=inputs, runs=merged["runs"], measurements=merged["measurements"])
 
 if __name__ == "__main__":
   main()

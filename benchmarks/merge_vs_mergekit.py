@@ -131,8 +131,10 @@ def child(argv: list[str]) -> None:
   if proc.returncode:
     sys.stderr.write(proc.stderr[-2000:])
     sys.exit(proc.returncode)
-  peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # Linux: KiB
-  print(json.dumps({"wall_s": wall, "peak_rss_mib": peak_kib / 1024}))
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  # CPU seconds as well: on a busy machine they compare the tools' work where wall time cannot
+  print(json.dumps({"wall_s": wall, "peak_rss_mib": usage.ru_maxrss / 1024,  # Linux: KiB
+                    "cpu_s": usage.ru_utime + usage.ru_stime}))
 
 
 def max_abs_diff(dir_a: str, dir_b: str) -> float:

@@ -85,3 +85,24 @@ def test_live_against_fusion_bench(case):
   pytest.importorskip("torch")
   pytest.importorskip("fusion_bench")
   assert max_diff(xlt_merge(case), SCRIPT.run_fusion(case)) < TOLERANCE
+
+
+def test_the_speed_benchmark_merges_its_methods_rows_across_runs(tmp_path):
+  bench = load_script("benchmarks/merge_vs_fusion.py")
+  inputs = {"hidden": 64, "layers": 1}
+  first = {"command": "a", "commit": "c1", "wall_s": 10.0}
+  measure = [{"method": "tsv_m", "tool": "xlt", "wall_s": 1.0}, {"method": "regmean", "tool": "xlt", "wall_s": 2.0}]
+  old = bench.merged_record({}, ["tsv_m", "regmean"], [["tsv_m", 1], ["regmean", 2]], measure, first)
+  old["inputs"] = inputs
+  second = {"command": "b", "commit": "c2", "wall_s": 5.0}
+  new = bench.merged_record(old, ["iso_c", "tsv_m"], [["tsv_m", 3], ["iso_c", 4]],
+                            [{"method": "tsv_m", "tool": "xlt", "wall_s": 3.0}], second)
+  assert new["rows"] == [["tsv_m", 3], ["iso_c", 4], ["regmean", 2]]  # the registry's order
+  assert new["runs"] == {"tsv_m": second, "iso_c": second, "regmean": first} and new["wall_s"] == 15.0
+  assert [(m["method"], m["wall_s"]) for m in new["measurements"]] == [("regmean", 2.0), ("tsv_m", 3.0)]
+  path = tmp_path / "r.json"
+  assert bench.earlier(str(path), inputs) == {}
+  path.write_text(json.dumps(old))
+  assert bench.earlier(str(path), inputs)["rows"] == old["rows"]
+  with pytest.raises(SystemExit, match="other inputs"):
+    bench.earlier(str(path), {"hidden": 128, "layers": 1})

@@ -90,6 +90,60 @@ def test_iso_cts_is_isotropic_and_is_iso_c_with_all_of_the_rank_common():
     subspace.iso_cts(base, experts, common_space_fraction=1.5)
 
 
+def svd_polar(x):
+  u, _, vt = np.linalg.svd(x, full_matrices=False)
+  return u @ vt
+
+
+def tsv_m_by_svd(tvs):
+  """TSV-M of one matrix as the paper writes it, with numpy's SVD throughout."""
+  k = min(tvs[0].shape) // len(tvs)
+  svds = [np.linalg.svd(t, full_matrices=False) for t in tvs]
+  u = svd_polar(np.concatenate([u[:, :k] for u, _, _ in svds], axis=1))
+  vt = svd_polar(np.concatenate([vt[:k] for _, _, vt in svds], axis=0))
+  return (u * np.concatenate([s[:k] for _, s, _ in svds])) @ vt
+
+
+@pytest.mark.parametrize("shape", [(9, 14), (14, 9)])
+def test_the_gram_eigendecomposition_path_is_the_svd_and_rank_deficient_matrices_take_the_svd(shape):
+  # full-rank task vectors take the Gram path (no SVD called); a rank-one one, whose kept triplets
+  # include zero singular values, and experts whose singular vectors coincide fall back to the SVD
+  rng = np.random.default_rng(3)
+  base = {"w": np.zeros(shape)}
+  full = [{"w": rng.normal(size=shape)} for _ in range(2)]
+  low = [{"w": np.outer(rng.normal(size=shape[0]), rng.normal(size=shape[1]))}, full[1]]
+  same = [full[0], {"w": 2 * full[0]["w"]}]
+  two_rank_one = [low[0], {"w": np.outer(rng.normal(size=shape[0]), rng.normal(size=shape[1]))}]
+  cases = []
+  for experts in (full, low, same, two_rank_one):
+    total = sum(e["w"] for e in experts)
+    iso = svd_polar(total) * np.linalg.svd(total, compute_uv=False).mean()
+    cases.append((experts, tsv_m_by_svd([e["w"] for e in experts]), iso))
+  calls = []
+  svd = np.linalg.svd
+
+  def counted(*args, **kwargs):
+    k = min(shape) // 2
+    if args[0].shape != (k, k):  # TSV-M's two-expert case: the SVD of u_1^T u_2, k x k
+      calls.append(args[0].shape)
+    return svd(*args, **kwargs)
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(np.linalg, "svd", counted)
+    # Iso-C falls back only where the summed task vector is rank-deficient
+    for (experts, tsv, iso), tsv_svd, iso_svd in zip(cases, (False, True, True, True), (False, False, False, True)):
+      calls.clear()
+      got = subspace.tsv_m(base, experts)["w"]
+      assert bool(calls) == tsv_svd, calls
+      if experts is not same:  # coinciding stacked vectors: U V^T of their SVD is not unique
+        np.testing.assert_allclose(got, tsv, atol=1e-9)
+      calls.clear()
+      got = subspace.iso_c(base, experts)["w"]
+      assert bool(calls) == iso_svd, calls
+      if not iso_svd:  # a rank-deficient sum's U V^T is not unique (its null directions are arbitrary)
+        np.testing.assert_allclose(got, iso, atol=1e-9)
+
+
 CONSENSUS_EXPERTS = [np.array([1, 0, 2, 0], np.float32), np.array([1, 3, 0, 0], np.float32),
                      np.array([1, 0, 0, -1], np.float32)]  # tau_MTL = [3, 3, 2, -1]
 

@@ -6,9 +6,15 @@ A *matrix* is a tensor of two or more axes, seen as [axis 0, the rest] (a torch 
 [out, in] weight is itself, as fusion-bench sees it; TSV-M and Iso-C do not depend on which side
 is which, Iso-CTS projects its common space off the axis-0 side); every other tensor (biases,
 norm scales) is the mean of the task vectors, as in both papers. They read no names, so they
-merge any architecture. Singular value
-decompositions run in float64 (fusion-bench: float32), which changes results by rounding only.
-Each method's result is base + alpha * (its merged task vector).
+merge any architecture. The linear algebra runs in float64 (fusion-bench: float32), which changes
+results by rounding only. Each method's result is base + alpha * (its merged task vector).
+
+Singular triplets and orthonormal factors come from the eigendecomposition of the Gram matrix on
+the matrix's smaller side (one BLAS-3 product, then LAPACK syevd on a min(rows, cols)-square
+matrix): about a third of the work of LAPACK's gesdd on the matrix itself (numpy's and torch's
+SVD), and the same result up to float64 rounding while the part of the spectrum used stays away
+from zero. Where it does not (a rank-deficient task vector, e.g. a LoRA fine-tune's, or stacked
+singular vectors that nearly coincide), that matrix takes the SVD itself.
 """
 
 from __future__ import annotations
@@ -21,11 +27,68 @@ _TSV = "Gargiulo et al. 2025, Task Singular Vectors: Reducing Task Interference 
 _ISO = "Marczak et al. 2025, No Task Left Behind: Isotropic Model Merging with Common and Task-Specific Subspaces"
 
 
+# The smallest eigenvalue of a Gram matrix, relative to its largest, for which its eigenvectors
+# stand for the SVD. Through the Gram matrix, float64 rounding moves the part of an orthonormal
+# factor along singular value s_i by about 1e-16 * (s_1 / s_i)^2, at most 1e-16 / _GRAM_TOL =
+# 1e-6 relative; float32's SVD (fusion-bench's) moves it by about 6e-8 * s_1 / s_i, up to 6e-3 here,
+# so this path is never less accurate than the reference. Exact zeros (a rank-deficient matrix)
+# sit at float64 rounding, about 1e-16, below the bound, and take the SVD.
+_GRAM_TOL = 1e-10
+
+
+def _gram_eigh(x):
+  """(eigenvalues descending, their eigenvectors as columns, wide) of x x^T if x is wide (rows <=
+  cols) else of x^T x."""
+  wide = x.shape[0] <= x.shape[1]
+  lam, q = np.linalg.eigh(x @ x.T if wide else x.T @ x)
+  return lam[::-1], q[:, ::-1], wide
+
+
+def _top_triplets(x, k: int):
+  """x's k largest singular triplets (u [rows, k], s [k], vt [k, cols]); k <= min(rows, cols)."""
+  if k == 0:
+    return np.zeros((x.shape[0], 0)), np.zeros(0), np.zeros((0, x.shape[1]))
+  lam, q, wide = _gram_eigh(x)
+  if not lam[0] > 0 or lam[k - 1] < _GRAM_TOL * lam[0]:
+    u, s, vt = np.linalg.svd(x, full_matrices=False)
+    return u[:, :k], s[:k], vt[:k]
+  s, q = np.sqrt(lam[:k]), q[:, :k]
+  return (q, s, (q.T @ x) / s[:, None]) if wide else ((x @ q) / s, s, q.T)
+
+
+def _polar_factors(x):
+  """((a, b), S) with a @ b = U V^T for x = U S V^T: the nearest matrix with orthonormal columns
+  (rows, for a wide x), how both papers decorrelate stacked singular vectors, as two factors
+  (x and (x^T x)^(-1/2), so a caller's product can take the cheaper order), and x's singular
+  values."""
+  lam, q, wide = _gram_eigh(x)
+  if not lam[0] > 0 or lam[-1] < _GRAM_TOL * lam[0]:
+    u, s, vt = np.linalg.svd(x, full_matrices=False)
+    return (u, vt), s
+  s = np.sqrt(lam)
+  inverse_root = (q / s) @ q.T  # (x x^T)^(-1/2), or (x^T x)^(-1/2)
+  return ((inverse_root, x) if wide else (x, inverse_root)), s
+
+
+def _pair_inverse_root(a, b):
+  """(X^T X)^(-1/2) for X = [a b], a and b each with orthonormal columns, from the SVD of the
+  small a^T b = P diag(c) Q^T (c: the cosines of their principal angles; X^T X's eigenvalues are
+  1 +- c): TSV-M's two-expert case, a k-square SVD instead of a 2k-square eigendecomposition.
+  None where the two spans nearly share a direction (the general path decides)."""
+  if a.shape[1] != b.shape[1]:
+    return None
+  p, c, qt = np.linalg.svd(a.T @ b)
+  if 1 - c[0] < _GRAM_TOL * (1 + c[0]):
+    return None
+  plus_root, minus_root = 1 / np.sqrt(1 + c), 1 / np.sqrt(1 - c)
+  same, cross = (plus_root + minus_root) / 2, (plus_root - minus_root) / 2
+  q = qt.T
+  return np.block([[(p * same) @ p.T, (p * cross) @ qt], [(q * cross) @ p.T, (q * same) @ qt]])
+
+
 def _polar(x) -> np.ndarray:
-  """The orthonormal factor U V^T of x = U S V^T: the nearest matrix with orthonormal columns
-  (rows, for a wide x), how both papers decorrelate stacked singular vectors."""
-  u, _, vt = np.linalg.svd(x, full_matrices=False)
-  return u @ vt
+  a, b = _polar_factors(x)[0]
+  return a @ b
 
 
 def _task_vectors(base, experts):
@@ -67,11 +130,15 @@ def tsv_m(base, experts, *, alpha: float = 1.0):
     k = int(min(rows[0].shape) * (1 / len(rows)))  # fusion-bench's expression, to its rounding
     if k == 0:
       return np.zeros_like(rows[0])
-    svds = [np.linalg.svd(r, full_matrices=False) for r in rows]
-    u = np.concatenate([u[:, :k] for u, _, _ in svds], axis=1)
-    s = np.concatenate([s[:k] for _, s, _ in svds])
-    vt = np.concatenate([vt[:k] for _, _, vt in svds], axis=0)
-    return (_polar(u) * s) @ _polar(vt)
+    svds = [_top_triplets(r, k) for r in rows]
+    u = np.concatenate([u for u, _, _ in svds], axis=1)
+    s = np.concatenate([s for _, s, _ in svds])
+    vt = np.concatenate([vt for _, _, vt in svds], axis=0)
+    root_u = _pair_inverse_root(svds[0][0], svds[1][0]) if len(svds) == 2 else None
+    root_v = _pair_inverse_root(svds[0][2].T, svds[1][2].T) if len(svds) == 2 else None
+    u1, u2 = (u, root_u) if root_u is not None else _polar_factors(u)[0]
+    v1, v2 = (root_v, vt) if root_v is not None else _polar_factors(vt)[0]
+    return np.linalg.multi_dot([u1, u2 * s, v1, v2])
 
   merged = _matrix_merge(b, tvs, merge_rows)
   return b + alpha * (sum(tvs) / len(tvs) if merged is None else merged)
@@ -89,8 +156,8 @@ def iso_c(base, experts, *, alpha: float = 1.0):
   b, tvs = _task_vectors(base, experts)
 
   def merge_rows(rows):
-    u, s, vt = np.linalg.svd(sum(rows), full_matrices=False)
-    return (u * s.mean()) @ vt
+    (a, b), s = _polar_factors(sum(rows))
+    return (a * s.mean()) @ b if a.shape[0] < b.shape[1] else a @ (b * s.mean())
 
   merged = _matrix_merge(b, tvs, merge_rows)
   return b + alpha * (sum(tvs) / len(tvs) if merged is None else merged)
@@ -108,17 +175,12 @@ def _iso_cts_rows(rows, fraction: float):
   common = r - round((r - int(r * fraction)) / n) * n
   common = max(common, 0)
   per_task = (r - common) // n
-  u, s, vt = np.linalg.svd(sum(rows), full_matrices=False)
-  uc = u[:, :common]
-  us, ss, vts = [], [], []
-  for w in rows:  # each task's top directions outside the common space
-    ut, st, vtt = np.linalg.svd(w - uc @ (uc.T @ w), full_matrices=False)
-    us.append(ut[:, :per_task])
-    ss.append(st[:per_task])
-    vts.append(vtt[:per_task])
+  uc, sc, vtc = _top_triplets(sum(rows), common)
+  # each task's top directions outside the common space
+  us, ss, vts = zip(*[_top_triplets(w - uc @ (uc.T @ w), per_task) for w in rows])
   u_all = _polar(np.concatenate([*us, uc], axis=1))
-  vt_all = _polar(np.concatenate([*vts, vt[:common]], axis=0))
-  s_all = np.concatenate([*ss, s[:common]])
+  vt_all = _polar(np.concatenate([*vts, vtc], axis=0))
+  s_all = np.concatenate([*ss, sc])
   return (u_all * s_all.mean()) @ vt_all
 
 
