@@ -2,8 +2,8 @@
 
 Small models underuse a machine, so xlt trains several models (seeds, and grid cells
 whose shapes agree) together: every leaf of the train state has a leading ensemble
-axis E, and the step maps the single-model gradients over it (xlt.ensemble: vmap on
-accelerators, lax.map on CPU) and vmaps the optimizer's update (`ensemble_step`).
+axis E, and the step maps the single-model step over it (xlt.ensemble: vmap on
+accelerators, lax.map on CPU).
 E=1 is a plain run.
 
 Batches are dicts: tokens [E, B, T] int32 and loss_mask [E, B, T-1] float32 (1 on
@@ -164,55 +164,26 @@ def _grads(cfg, params, batch, accum: int, rebuild=lambda p: p, dropout_rng=None
   """Mean masked loss and its gradient with respect to `params` (the model is
   `rebuild(params)`); with `accum` > 1 the batch is split into micro-batches under
   `lax.scan` (same result, a fraction of the activation memory; each micro-batch its own
-  dropout masks).
+  dropout masks)."""
 
-  The mean's divisor (the count of masked tokens) is read from the mask before the forward
-  pass and the sum divided by it is differentiated: the division then scales the loss's
-  cotangent, fused into the cross-entropy's backward pass, where dividing the gradients after
-  was one more pass over every parameter-sized gradient (XLA:CPU materialised each quotient
-  for the clip's norm and Adam's moments)."""
-  count = jnp.maximum(batch["loss_mask"].sum(), 1.0)
+  def sums(p, b, rng):
+    return loss_sums(cfg, rebuild(p), b, rng)
 
-  def mean(p, b, rng):
-    total, _ = loss_sums(cfg, rebuild(p), b, rng)
-    return total / count
-
-  grad_fn = jax.value_and_grad(mean)
+  grad_fn = jax.value_and_grad(sums, has_aux=True)
   if accum == 1:
-    return grad_fn(params, batch, dropout_rng)
-  micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
-  rngs = None if dropout_rng is None else jax.random.split(dropout_rng, accum)
+    (total, count), g = grad_fn(params, batch, dropout_rng)
+  else:
+    micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+    rngs = None if dropout_rng is None else jax.random.split(dropout_rng, accum)
 
-  def body(carry, xs):
-    return jax.tree.map(jnp.add, carry, grad_fn(params, *xs)), None
+    def body(carry, xs):
+      (t, n), g = grad_fn(params, *xs)
+      return jax.tree.map(jnp.add, carry, (t, n, g)), None
 
-  zeros = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
-  return jax.lax.scan(body, zeros, (micro, rngs))[0]
-
-
-def member_grads(state: State, batch, *, cfg, tx, accum: int = 1):
-  """One member's (mean masked loss, gradients): with respect to the trained part
-  (composite.split), and with a `static_freeze` tx to its trained leaves only."""
-  batch = {k: batch[k] for k in ("tokens", "loss_mask")}
-  trained, rebuild, _ = composite.split(state["params"])
-  _, live, fill = _static_part(tx, trained)
-  # dropout masks from the member's key and the step: the same on a resumed run
-  rng = (jax.random.fold_in(jax.random.wrap_key_data(state["dropout_key"]), state["step"])
-         if "dropout_key" in state else None)
-  return _grads(cfg, live, batch, accum, lambda p: rebuild(fill(p)), rng)
-
-
-def apply_grads(state: State, batch, loss, grads, *, tx):
-  """One member's optimizer update from `member_grads`' (loss, grads): the new state and the
-  step's metrics. A batch with `trainable` flags (partition training) passes them to the gated
-  optimizer; with a `static_freeze` tx the frozen leaves pass through untouched."""
-  extra = {"trainable": batch["trainable"]} if "trainable" in batch else {}
-  trained, rebuild, more = composite.split(state["params"])
-  tx, live, fill = _static_part(tx, trained)
-  updates, opt_state = tx.update(grads, state["opt_state"], live, **extra, **more)
-  new = {**state, "step": state["step"] + 1, "params": rebuild(fill(optax.apply_updates(live, updates))),
-         "opt_state": opt_state}
-  return new, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+    zeros = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
+    (total, count, g), _ = jax.lax.scan(body, zeros, (micro, rngs))
+  count = jnp.maximum(count, 1.0)
+  return total / count, jax.tree.map(lambda x: x / count, g)
 
 
 def train_step(state: State, batch, *, cfg, tx, accum: int = 1):
@@ -221,23 +192,18 @@ def train_step(state: State, batch, *, cfg, tx, accum: int = 1):
   `trainable` flags (partition training) passes them to the gated optimizer. With a
   `static_freeze` tx only the trained leaves are differentiated (grad_norm is theirs) and the
   frozen ones pass through untouched."""
-  loss, grads = member_grads(state, batch, cfg=cfg, tx=tx, accum=accum)
-  return apply_grads(state, batch, loss, grads, tx=tx)
-
-
-def ensemble_step(state: State, batch, *, cfg, tx, accum: int = 1, strategy: str = "map", mesh=None):
-  """`train_step` over the stacked members [E, ...]: the gradients by `strategy`
-  (xlt.ensemble), the optimizer update vmapped over the whole stacked state.
-
-  Why not the whole step under `lax.map`: there each member's update reads and writes
-  [E, ...] leaves through a per-member slice, and XLA:CPU then fused Adam's update so that
-  the parameter's fusion recomputed the new moments from the old ones: the old moments and
-  the new parameters were copied every step (three parameter-sized copies per leaf; E = 1
-  too), where on the stacked arrays each moment and parameter is updated in place
-  (tests/test_train.py checks the compiled step has no such copies)."""
-  grads_fn = ensemble_lib.over_members(functools.partial(member_grads, cfg=cfg, tx=tx, accum=accum), strategy, mesh)
-  loss, grads = grads_fn(state, batch)
-  return jax.vmap(functools.partial(apply_grads, tx=tx))(state, batch, loss, grads)
+  extra = {"trainable": batch["trainable"]} if "trainable" in batch else {}
+  batch = {k: batch[k] for k in ("tokens", "loss_mask")}
+  trained, rebuild, more = composite.split(state["params"])
+  tx, live, fill = _static_part(tx, trained)
+  # dropout masks from the member's key and the step: the same on a resumed run
+  rng = (jax.random.fold_in(jax.random.wrap_key_data(state["dropout_key"]), state["step"])
+         if "dropout_key" in state else None)
+  loss, grads = _grads(cfg, live, batch, accum, lambda p: rebuild(fill(p)), rng)
+  updates, opt_state = tx.update(grads, state["opt_state"], live, **extra, **more)
+  new = {**state, "step": state["step"] + 1, "params": rebuild(fill(optax.apply_updates(live, updates))),
+         "opt_state": opt_state}
+  return new, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
 
 def init_state(cfg: model_lib.Config, tx, seeds, params=None) -> State:
@@ -299,7 +265,7 @@ def make_step(cfg: model_lib.Config, tx, mesh, rules, abstract_state, accum: int
   b_sh = {"tokens": rows, "loss_mask": rows}
   if gated:  # partition training: [E, cells] flags per step
     b_sh["trainable"] = rep
-  step = functools.partial(ensemble_step, cfg=cfg, tx=tx, accum=accum, strategy=strategy, mesh=mesh)
+  step = ensemble_lib.over_members(functools.partial(train_step, cfg=cfg, tx=tx, accum=accum), strategy, mesh)
   return jax.jit(step, in_shardings=(st_sh, b_sh), out_shardings=(st_sh, rep),
                  donate_argnums=0), st_sh, b_sh
 
