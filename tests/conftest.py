@@ -173,6 +173,20 @@ def load_script(relative: str, name: str | None = None):
   return module
 
 
+def run_mergekit_yaml(tmp_path, case: str, config: dict, script) -> str:
+  """Merges mergekit YAML `config` (the fixture `script`'s paths filled in by its `with_paths`)
+  with `python -m xlt.merge`'s own functions into tmp_path/case; returns that directory."""
+  import yaml
+
+  from configs import merge_files
+  from xlt.merge.__main__ import merge_config, with_yaml
+  yml = tmp_path / f"{case}.yml"
+  yml.write_text(yaml.safe_dump(script.with_paths(config)))
+  out = str(tmp_path / case)
+  merge_config(with_yaml(merge_files.get_config(), str(yml)) | {"output": out, "heatmaps": False})
+  return out
+
+
 # ---- small text corpora: xlt.data's tests (test_corpus, test_spm_tokenizer, test_packing)
 
 

@@ -11,7 +11,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
-from conftest import load_script
+from conftest import load_script, run_mergekit_yaml
 from xlt.merge import from_mergekit, stack
 from xlt.param_paths import naming_for
 
@@ -100,14 +100,7 @@ def test_passthrough_scale_per_slice_and_global():
 
 
 def _run_yaml(tmp_path, case: str, config: dict) -> str:
-  from configs import merge_files
-  from xlt.merge.__main__ import merge_config, with_yaml
-  import yaml
-  yml = tmp_path / f"{case}.yml"
-  yml.write_text(yaml.safe_dump(fixture_script().with_paths(config)))
-  out = str(tmp_path / case)
-  merge_config(with_yaml(merge_files.get_config(), str(yml)) | {"output": out, "heatmaps": False})
-  return out
+  return run_mergekit_yaml(tmp_path, case, config, fixture_script())
 
 
 @pytest.mark.parametrize("case", ["repeat", "drop", "two_models", "scaled"])

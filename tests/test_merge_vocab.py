@@ -13,7 +13,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
-from conftest import load_script
+from conftest import load_script, run_mergekit_yaml
 from xlt.io import tensor_files as files
 from xlt.merge import chat, from_mergekit, tool, vocabulary
 
@@ -26,14 +26,7 @@ def fixture_script():
 
 
 def _run_yaml(tmp_path, case: str, config: dict) -> str:
-  from configs import merge_files
-  from xlt.merge.__main__ import merge_config, with_yaml
-  import yaml
-  yml = tmp_path / f"{case}.yml"
-  yml.write_text(yaml.safe_dump(fixture_script().with_paths(config)))
-  out = str(tmp_path / case)
-  merge_config(with_yaml(merge_files.get_config(), str(yml)) | {"output": out, "heatmaps": False})
-  return out
+  return run_mergekit_yaml(tmp_path, case, config, fixture_script())
 
 
 def _assert_same_rows(out: str, want: dict, want_vocab: dict, want_rows: int) -> dict:
