@@ -231,3 +231,9 @@ def test_speed_doc_bad_file_is_one_line_and_exit_2(tmp_path):
                         "--out", str(tmp_path / "r.md"), "--speed_out", str(tmp_path / "s.md")],
                        cwd=ROOT, capture_output=True, text=True)
   assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "a row of 1 cells" in out.stderr
+
+
+def test_speed_cells_keep_small_differences_visible():
+  from xlt import speed_doc
+  assert [speed_doc.cell(x) for x in (3017.2, 12.34, 1.034, 4.63e-05, 0.0, None)] == [
+      "3,017", "12.3", "1.03", "4.6e-05", "0.00", "–"]

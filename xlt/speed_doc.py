@@ -46,13 +46,16 @@ def load(directory: str) -> list[dict]:
 
 
 def cell(x) -> str:
-  """A raw value as the table shows it: 3017.2 -> 3,017; 12.34 -> 12.3; 1.034 -> 1.03; None -> –."""
+  """A raw value as the table shows it: 3017.2 -> 3,017; 12.34 -> 12.3; 1.034 -> 1.03;
+  4.6e-05 -> 4.6e-05 (a difference that two decimals would show as 0.00); None -> –."""
   if x is None:
     return "–"
   if isinstance(x, bool) or not isinstance(x, (int, float)):
     return str(x).replace("|", "\\|")
   if isinstance(x, int) or abs(x) >= 100:
     return f"{x:,.0f}"
+  if x != 0 and abs(x) < 0.005:
+    return f"{x:.1e}"
   return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
 
 
