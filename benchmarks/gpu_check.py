@@ -66,7 +66,15 @@ JOBS = {
     "xlt 8b lora": ("llama-8b", "lora", "auto", "bfloat16", "block", 4, 2048),
     "xlt decode": ("llama-1b", "decode", "auto", "bfloat16", "none", (8, 64), 128),  # batches, prompt = new
     "xlt 8b full": ("llama-8b", "full", "auto", "bfloat16", "block", 2, 2048),  # float32 moments
+    "xlt full cudnn cublas": ("llama-1b", "full", "auto", "float32", "none", 8, 2048),  # ENV's XLA flags
 }
+# a job's environment beside the parent's: XLA's GPU flags that MaxText's GPU recipes set (cuBLAS
+# rather than Triton's generated matrix products; the latency-hiding scheduler), and the 8B jobs'
+# share of the device's memory (jax's default 75% leaves the 8B step short)
+TUNED_FLAGS = "--xla_gpu_enable_triton_gemm=false --xla_gpu_enable_latency_hiding_scheduler=true"
+ENV = {"xlt full cudnn cublas": {"XLA_FLAGS": TUNED_FLAGS},
+       "xlt 8b lora": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"},
+       "xlt 8b full": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"}}
 DEFAULT_JOBS = ("attention", "xlt full cudnn", "xlt lora cudnn", "xlt 8b lora", "xlt decode", "xlt full xla",
                 "torch full", "torch lora")
 QUICK_BATCH = (8, 64)  # --quick's batch and sequence (8 rows: any CPU device count the tests make divides it)
@@ -207,6 +215,9 @@ def xlt_job(job: tuple, quick: bool, steps: int) -> dict:
     return float(m["loss"][0])
 
   first, step_s, loss = _median_step(run, steps)
+  if os.environ.get("XLT_PROFILE_DIR"):  # one more step traced, for the profile's op table
+    with jax.profiler.trace(os.environ["XLT_PROFILE_DIR"]):
+      run()
   dev = jax.devices()[0]
   stats = dev.memory_stats() or {}
   trained = sum(x.size for x in jax.tree.leaves(composite.split(one)[0]))
@@ -325,6 +336,7 @@ COLUMNS = ["job", "xlt step s", "xlt tok/s", "xlt MFU %", "xlt peak GiB", "xlt e
            "PyTorch MFU %", "xlt / PyTorch"]
 # row label: (xlt job, PyTorch job or None)
 ROWS = {"1B full, cuDNN attention": ("xlt full cudnn", "torch full"),
+        "1B full, cuDNN attention, cuBLAS + LHS flags": ("xlt full cudnn cublas", "torch full"),
         "1B full, XLA attention": ("xlt full xla", "torch full"),
         "1B LoRA r16": ("xlt lora cudnn", "torch lora"),
         "8B LoRA r16, remat": ("xlt 8b lora", None),
@@ -380,6 +392,8 @@ def main(argv=None):
   p.add_argument("--steps", type=int, default=5)
   p.add_argument("--quick", action="store_true", help="tiny shapes (a smoke test of the script)")
   p.add_argument("--jobs", default=",".join(DEFAULT_JOBS), help=f"of attention, {', '.join(JOBS)}")
+  p.add_argument("--profile_dir", default="", help="trace one extra step of --profile_job here (jax.profiler)")
+  p.add_argument("--profile_job", default="xlt full cudnn")
   p.add_argument("--child", default="")
   a = p.parse_args(argv)
   if a.child:
@@ -398,7 +412,10 @@ def main(argv=None):
         ["--quick"] if a.quick else [])
     t0 = time.monotonic()
     try:
-      proc = subprocess.run(cmd, timeout=left, capture_output=True, text=True)
+      env = os.environ | ENV.get(name, {})
+      if a.profile_dir and name == a.profile_job:
+        env["XLT_PROFILE_DIR"] = a.profile_dir
+      proc = subprocess.run(cmd, timeout=left, capture_output=True, text=True, env=env)
       if proc.returncode == 0:
         with open(tmp) as f:
           results[name] = json.load(f)
