@@ -425,3 +425,14 @@ def test_valid_with_plain_cache_is_an_error():
   with pytest.raises(ValueError, match="padded=True"):
     model.apply(cfg, params, np.ones((1, 4), np.int32), model.init_cache(cfg, 1, 8), 0,
                 valid_BxT=np.ones((1, 4), np.int32))
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_head_runs_in_the_compute_dtype_over_float32_parameters(tie):
+  # the tied head as flax's attend: promoted to float32 parameters it ran as float32 products
+  cfg = model.Config(vocab_size=97, block_size=8, num_layers=1, num_heads=2, d_model=16, dtype="bfloat16",
+                     param_dtype="float32", tie_embeddings=tie)
+  params = model.init_params(cfg, jax.random.key(0))
+  text = jax.jit(lambda p: model.apply(cfg, p, jnp.zeros((1, 8), jnp.int32))[0]).lower(params).as_text()
+  heads = [line for line in text.splitlines() if "dot_general" in line and re.search(r"-> tensor<[0-9x]*x97x", line)]
+  assert heads and all("f32" not in line for line in heads), heads
