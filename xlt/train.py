@@ -3,8 +3,7 @@
 Small models underuse a machine, so xlt trains several models (seeds, and grid cells
 whose shapes agree) together: every leaf of the train state has a leading ensemble
 axis E, and the step maps the single-model step over it (xlt.ensemble: vmap on
-accelerators, lax.map on CPU; under lax.map the update of plain parameters is vmapped,
-`ensemble_step`).
+accelerators, lax.map on CPU, the optimizer's update then vmapped: `ensemble_step`).
 E=1 is a plain run.
 
 Batches are dicts: tokens [E, B, T] int32 and loss_mask [E, B, T-1] float32 (1 on
@@ -233,32 +232,25 @@ def train_step(state: State, batch, *, cfg, tx, accum: int = 1):
   return apply_grads(state, batch, member_grads(state, batch, cfg=cfg, tx=tx, accum=accum), tx=tx)
 
 
-def vmapped_update(tx, params, gated: bool = False) -> bool:
-  """Whether `ensemble_step` under `lax.map` vmaps the optimizer's update over the stacked
-  state (see there): for plain parameters trained whole. Not for a composite (LoRA: its
-  copies were adapter-sized) nor a `static_freeze` tx, whose steps ran slower so in a quiet
-  run (results/exploratory/finetune_step_vmapped_update.json), nor a gated optimizer, whose
-  per-cell `lax.cond` would become a select computing both branches."""
-  return not (gated or isinstance(tx, StaticFreeze) or composite.is_composite(params))
-
-
 def ensemble_step(state: State, batch, *, cfg, tx, accum: int = 1, strategy: str = "map", update: str = "auto"):
   """`train_step` over the stacked members [E, ...], computed as `strategy` says
-  (xlt.ensemble). Under "map", `update` ("auto": `vmapped_update`'s choice, "map" or "vmap")
-  says whether the optimizer's update runs in the map, with the gradients, or vmapped over
-  the whole stacked state after it (the gradients per member as before; the same values to
-  float rounding: XLA simplifies the mean's and the clip's scalar divisions differently).
+  (xlt.ensemble). Under "map", `update` says where the optimizer's update runs: "map", in the
+  map with the gradients, or "vmap", vmapped over the whole stacked state after it (the
+  gradients per member as before; the same values to float rounding: XLA simplifies the mean's
+  and the clip's scalar divisions differently). "auto" vmaps it, except for a gated optimizer
+  (a batch with `trainable` flags), whose per-cell `lax.cond` would become a select computing
+  both branches.
 
   Why: with the update in the map XLA:CPU fused Adam's update so that each parameter's
   fusion recomputed the new moments from the old ones, and copied every leaf's old moments
-  and new parameters each step (the small Llama's full step: 171 parameter-sized copies and
-  a fifth more bytes moved; E = 1 too, where the map is inlined), where on the stacked
-  arrays each moment and parameter is updated in place by one fusion
-  (tests/test_train.py counts the copies)."""
+  and new parameters each step (the small Llama's full step: 171 parameter-sized copies; one
+  member too, where the map is inlined), where on the stacked arrays each moment and parameter
+  is updated in place by one fusion (tests/test_train.py counts the copies). The loss sums are
+  divided in the update (`apply_grads`): commit cdf8d0a, which divided before the forward pass,
+  made some LoRA and frozen-partition steps about a third slower (in wall time, not CPU time)."""
   if update not in ("auto", "map", "vmap"):
     raise ValueError(f"update {update!r}; expected auto, map or vmap")
-  gated = "trainable" in batch
-  if strategy != "map" or update == "map" or (update == "auto" and not vmapped_update(tx, state["params"], gated)):
+  if strategy != "map" or update == "map" or (update == "auto" and "trainable" in batch):
     return ensemble_lib.over_members(functools.partial(train_step, cfg=cfg, tx=tx, accum=accum), strategy)(state, batch)
   sums = ensemble_lib.over_members(functools.partial(member_grads, cfg=cfg, tx=tx, accum=accum), strategy)(state, batch)
   return jax.vmap(functools.partial(apply_grads, tx=tx))(state, batch, sums)
