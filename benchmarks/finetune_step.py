@@ -6,6 +6,7 @@
   $PY benchmarks/finetune_step.py --shapes=medium --rounds=2 --out=results/benchmarks/finetune_step_medium.json
   $PY benchmarks/finetune_step.py --shapes=small --modes=full --xlt_mesh=one --out=runs/ft_one.json  # 1 device
   $PY benchmarks/finetune_step.py --quick --shapes=tiny --out=runs/ft.json      # smoke test
+  $PY benchmarks/finetune_step.py --shapes=tiny --modes=lora,static --update=vmap --out=runs/ft_vmap.json
 
 Runs where torch, transformers, peft and xlt are installed together, and cmeel-mimalloc (`python
 -m xlt.main`'s malloc, xlt.allocator; without it xlt runs on glibc's, slower: the notes say which). Both tools start from the
@@ -110,9 +111,10 @@ def trained_in_static(path: str) -> bool:
   return "mlp" in path
 
 
-def _xlt_state(cfg, tx, mesh, params, mode: str):
+def _xlt_state(cfg, tx, mesh, params, mode: str, update: str = "auto"):
   """xlt's jitted step and its initial state for `params` (one model), fully, as LoRA, or
-  with the static frozen partition."""
+  with the static frozen partition; `update`: where the optimizer's update runs
+  (xlt.train.ensemble_step)."""
   import jax
 
   from xlt import composite, lora, param_paths, sharding, train
@@ -124,7 +126,7 @@ def _xlt_state(cfg, tx, mesh, params, mode: str):
     tx = train.static_freeze(tx, frozen)
   stacked = jax.tree.map(lambda x: x[None], params)
   abstract = jax.eval_shape(lambda p: train.init_state(cfg, tx, [SEED], p), stacked)
-  step, st_sh, _ = train.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract)
+  step, st_sh, _ = train.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract, update=update)
   with jax.set_mesh(mesh):
     state = jax.jit(lambda p: train.init_state(cfg, tx, [SEED], p), out_shardings=st_sh)(stacked)
   trained = composite.split(params)[0]
@@ -140,7 +142,7 @@ def _xlt_state(cfg, tx, mesh, params, mode: str):
 XLT_MESHES = {"data": {"data": -1}, "fsdp": {"fsdp": -1}, "one": {"data": -1}}
 
 
-def xlt_setup(workdir: str, job: str, xlt_mesh: str = "data"):
+def xlt_setup(workdir: str, job: str, xlt_mesh: str = "data", update: str = "auto"):
   """(mesh, jitted step, initial state, trained parameter count, batch) of xlt's `job`
   ("small/full") on the checkpoint under `workdir` (benchmarks/profile_step.py traces it)."""
   import ml_collections
@@ -154,15 +156,15 @@ def xlt_setup(workdir: str, job: str, xlt_mesh: str = "data"):
   mesh = sharding.make_mesh(XLT_MESHES[xlt_mesh])  # data: as `python -m xlt.main`, every device
   cfg, params = pretrained.load(os.path.join(workdir, shape))
   batch = {"tokens": tokens(spec)[None], "loss_mask": np.ones((1, spec["batch"], spec["seq"]), np.float32)}
-  return (mesh, *_xlt_state(cfg, tx, mesh, params, mode), batch)
+  return (mesh, *_xlt_state(cfg, tx, mesh, params, mode, update), batch)
 
 
-def xlt_child(workdir: str, timing: dict, job: str, xlt_mesh: str = "data") -> dict:
+def xlt_child(workdir: str, timing: dict, job: str, xlt_mesh: str = "data", update: str = "auto") -> dict:
   import jax
 
   from xlt import allocator
 
-  mesh, step, state, trainable, batch = xlt_setup(workdir, job, xlt_mesh)
+  mesh, step, state, trainable, batch = xlt_setup(workdir, job, xlt_mesh, update)
   holder = [state]  # the step donates its state: each call replaces it
 
   def run():
@@ -229,7 +231,8 @@ def torch_child(workdir: str, timing: dict, job: str) -> dict:
 
 def child_main(a) -> None:
   timing = json.loads(a.timing)
-  result = xlt_child(a.workdir, timing, a.job, a.xlt_mesh) if a.child == "xlt" else torch_child(a.workdir, timing, a.job)
+  result = (xlt_child(a.workdir, timing, a.job, a.xlt_mesh, a.update) if a.child == "xlt"
+            else torch_child(a.workdir, timing, a.job))
   with open(a.child_out, "w") as f:
     json.dump(result, f)
 
@@ -244,7 +247,7 @@ def run_child(tool: str, job: str, a, timing: dict, tmp: str) -> dict:
   cmd = [sys.executable, os.path.abspath(__file__), "--child", tool, "--job", job, "--workdir", a.workdir,
          "--timing", json.dumps(timing), "--child_out", out]
   t0, busy0, own0 = time.perf_counter(), _busy_seconds(), sum(os.times()[2:4])
-  cmd += ["--xlt_mesh", a.xlt_mesh]
+  cmd += ["--xlt_mesh", a.xlt_mesh, "--update", a.update]
   env = dict(os.environ, **({"XLT_CPU_DEVICES": "1"} if tool == "xlt" and a.xlt_mesh == "one" else {}))
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
   wall = time.perf_counter() - t0
@@ -312,7 +315,7 @@ def main(a) -> None:
     write_checkpoint(os.path.join(a.workdir, shape), SHAPES[shape]["config"], SEED)
   jobs = [f"{shape}/{mode}" for shape in shapes for mode in modes]
   report = {"jobs": jobs, "timing": timing, "shapes": {k: SHAPES[k] for k in shapes}, "lora": LORA,
-            "targets": TARGETS, "opt": OPT, "rounds": []}
+            "targets": TARGETS, "opt": OPT, "update": a.update, "rounds": []}
   with tempfile.TemporaryDirectory() as tmp:
     for r in range(1 if a.quick else a.rounds):
       report["rounds"].append({})
@@ -332,7 +335,7 @@ def main(a) -> None:
         title="Loaded Llama training step: xlt against PyTorch eager + transformers (+ peft), tokens/s",
         columns=COLUMNS, rows=rows, wall_s=time.perf_counter() - t_start,
         versions={p: version(p) for p in ("jax", "torch", "transformers", "peft")},
-        notes=(f"{len(report['rounds'])} rounds; xlt on {device}, mesh {a.xlt_mesh}; float32; full fine-tuning, LoRA rank 8 "
+        notes=(f"{len(report['rounds'])} rounds; xlt on {device}, mesh {a.xlt_mesh}; optimizer update {a.update}; float32; full fine-tuning, LoRA rank 8 "
                "(rsLoRA, alpha 16) on q, k, v, o, gate, up, down, and static: the MLPs trained, the rest frozen. "
                + a.notes).strip(), details=report)
 
@@ -345,6 +348,9 @@ if __name__ == "__main__":
   p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
   p.add_argument("--xlt_mesh", choices=XLT_MESHES, default="data",
                  help="xlt's devices: data (the default mesh), fsdp (parameters sharded), one (one CPU device)")
+  p.add_argument("--update", choices=("auto", "map", "vmap"), default="auto",
+                 help="where xlt's optimizer update runs (xlt.train.ensemble_step): auto (xlt's choice), in the map "
+                      "with the gradients, or vmapped over the stacked state")
   p.add_argument("--notes", default="", help="appended to the file's notes (e.g. 'taken on a busy machine')")
   p.add_argument("--rounds", type=int, default=3, help="fresh subprocesses per tool")
   p.add_argument("--warmup", type=int, default=1, help="untimed steps after the first")

@@ -4,7 +4,7 @@ device, and for those that hold matrix products their FLOPs (read from the compi
 speed in GFLOP/s, with the model path the op came from (`block_1/mlp/fc`, backward or not).
 
   python benchmarks/profile_step.py text_proxy [--steps 5] [--top 30] [--trace_dir runs/prof]
-  python benchmarks/profile_step.py finetune:small/full [--workdir runs/finetune]  # a loaded Llama's
+  python benchmarks/profile_step.py finetune:small/full [--workdir runs/finetune] [--update map]  # a loaded Llama's
 
 Prints the step's median time unprofiled, a table of the costliest ops, then the totals:
 time in ops with products and their speed, and the rest by kind of op. Compare the products'
@@ -173,7 +173,7 @@ def _finetune_job(a):
   if not os.path.exists(os.path.join(a.workdir, shape, "config.json")):
     raise SystemExit(f"no {shape} checkpoint under {a.workdir}: run benchmarks/finetune_step.py --quick "
                      f"--shapes={shape} --workdir={a.workdir} first (it needs transformers)")
-  mesh, step, state, _, batch = ft.xlt_setup(a.workdir, job)
+  mesh, step, state, _, batch = ft.xlt_setup(a.workdir, job, update=a.update)
   return mesh, step, state, batch, f"finetune {job}"
 
 
@@ -214,6 +214,8 @@ if __name__ == "__main__":
                  "addition_ref, text_proxy), or finetune:<shape>/<mode> (benchmarks/finetune_step.py's xlt step)")
   p.add_argument("--workdir", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs",
                                                    "finetune"), help="finetune jobs: the checkpoints' directory")
+  p.add_argument("--update", choices=("auto", "map", "vmap"), default="auto",
+                 help="finetune jobs: where the optimizer's update runs (xlt.train.ensemble_step)")
   p.add_argument("--steps", type=int, default=5, help="steps traced")
   p.add_argument("--top", type=int, default=30, help="ops listed")
   p.add_argument("--trace_dir", default=os.path.join(tempfile.gettempdir(), "xlt_profile_step"),

@@ -93,6 +93,7 @@ def test_saved_tensors_start_aligned_and_stored_leaves_are_views(tmp_path):
   for leaf, m in pretrained.table(cfg, "llama", shapes).items():
     arrays = [pretrained._tensor(tensors, n, "") for n in m.names]
     view = pretrained._is_view(cfg, leaf, m, arrays, shapes[leaf])
+    assert pretrained._transposed(m) == (m.layout == "linear")  # Llama's Linears have no bias
     assert view == (m.layout != "linear" and arrays[0].offset % placement.ALIGN == 0)
     kinds.add(view)
     if view:

@@ -1,8 +1,9 @@
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
-from xlt import ensemble, loop, model, sharding
+from xlt import ensemble, lora, loop, model, param_paths, partition, sharding
 from xlt import train as train_lib
 from xlt.data import common
 from xlt.experiments import synthetic
@@ -69,6 +70,103 @@ def test_sharded_step_equals_single_device(graph_config, mesh_spec):
   # and the parameters really are spread over the mesh
   kernel = s8["params"]["block_0"]["mlp"]["fc"]["kernel"]
   assert len(kernel.sharding.device_set) == 8
+
+
+# a Llama-shaped model (RMSNorm, SwiGLU, GQA, RoPE, untied head) small enough to compile in a second
+LLAMA = model.Config(vocab_size=64, block_size=16, num_layers=2, num_heads=4, num_kv_heads=2, d_model=32,
+                     norm="rmsnorm", mlp="swiglu", mlp_dim=48, bias=False, pos_embedding="rope")
+
+
+def _llama_step(mode: str, seeds, update: str, mesh=None):
+  """(jitted step, initial state, optimizer) of a full, LoRA, static (MLPs trained) or gated
+  (partition flags) step on LLAMA under the map strategy, the optimizer's update as `update`."""
+  opt = ml_collections.ConfigDict(dict(name="adamw", schedule="cosine", peak_lr=1e-2, warmup_steps=1, total_steps=20,
+                                       b1=0.9, b2=0.95, weight_decay=0.1, clip=0.05))  # a clip that acts
+  tx = train_lib.make_optimizer(opt)
+  params = jax.vmap(lambda s: model.init_params(LLAMA, jax.random.key(s)))(np.asarray(seeds))
+  if mode == "lora":
+    params = {"base": params, "lora": jax.vmap(lambda p, s: lora.init(p, jax.random.key(s), rank=2, alpha=4.0))(
+        params, np.asarray(seeds) + 7)}
+  if mode == "static":
+    frozen = jax.tree_util.tree_map_with_path(lambda p, _: "mlp" not in param_paths.path_str(p),
+                                              jax.tree.map(lambda x: x[0], params))
+    tx = train_lib.static_freeze(tx, frozen)
+  if mode == "gated":
+    cells, names = partition.refine([partition.labels(jax.tree.map(lambda x: x[0], params),
+                                                      partition.preset_rules("C", 2, 0, 1))])
+    tx = partition.gated_optimizer(opt, cells, names)
+  mesh = mesh or sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  abstract = jax.eval_shape(lambda p: train_lib.init_state(LLAMA, tx, seeds, p), params)
+  step, st_sh, _ = train_lib.make_step(LLAMA, tx, mesh, sharding.DEFAULT_RULES, abstract, gated=mode == "gated",
+                                       strategy="map", update=update)
+  with jax.set_mesh(mesh):
+    state = jax.jit(lambda p: train_lib.init_state(LLAMA, tx, seeds, p), out_shardings=st_sh)(params)
+  return step, state, tx
+
+
+def _llama_batch(i: int, seeds, gated: bool):
+  rng = np.random.default_rng(i)
+  out = {"tokens": rng.integers(0, 64, (len(seeds), 4, 9)).astype(np.int32),
+         "loss_mask": (rng.random((len(seeds), 4, 8)) > 0.3).astype(np.float32)}
+  return out | ({"trainable": np.array([[i % 2 == 0, True]] * len(seeds))} if gated else {})
+
+
+def _state_copies(step, state, batch, mesh) -> int:
+  """Copies of parameter- or moment-shaped arrays in the compiled step's entry computation (not
+  of a broadcast: with E > 1 the map's stacked gradients start as a copied broadcast of zeros)."""
+  with jax.set_mesh(mesh):
+    hlo = step.lower(state, batch).compile().as_text()
+  shapes = {f"f32[{','.join(map(str, x.shape))}]" for x in jax.tree.leaves((state["params"], state["opt_state"]))
+            if x.ndim > 2}
+  entry = hlo[hlo.index("\nENTRY"):]
+  return sum(" copy(" in line and "broadcast" not in line.split(" copy(")[1].split(")")[0]
+             and line.split(" = ")[1].split("{")[0] in shapes for line in entry.splitlines())
+
+
+@pytest.mark.parametrize("mode", ["full", "lora", "static"])
+@pytest.mark.parametrize("seeds", [(0,), (0, 1)])
+def test_vmapped_update_copies_no_state(mode, seeds):
+  """With the update in the map XLA:CPU copies old moments and new parameters every step (if
+  this stops, `train.ensemble_step` has no reason left to vmap it); vmapped, the state is
+  updated in place."""
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  counts = {}
+  for update in ("map", "auto"):
+    step, state, _ = _llama_step(mode, seeds, update, mesh)
+    counts[update] = _state_copies(step, state, _llama_batch(0, seeds, False), mesh)
+  assert counts["map"] > 0 and counts["auto"] == 0, counts
+
+
+@pytest.mark.parametrize("mode", ["full", "lora", "static", "gated"])
+def test_update_where_it_runs_keeps_the_results(mode):
+  """`update="auto"` against the update in the map (the step before commit 69e0de8), three steps
+  of two members on a 2-device data mesh: the vmapped update agrees to float rounding and leaves
+  what it does not train bit for bit; a gated step keeps the update in the map (the same
+  program, bit for bit)."""
+  seeds, mesh = (0, 1), sharding.make_mesh({"data": 2}, jax.devices()[:2])
+  runs = {}
+  for update in ("map", "auto"):
+    step, state, _ = _llama_step(mode, seeds, update, mesh)
+    initial = jax.device_get(state["params"])
+    with jax.set_mesh(mesh):
+      for i in range(3):
+        state, metrics = step(state, _llama_batch(i, seeds, mode == "gated"))
+    runs[update] = jax.device_get((state, metrics))
+  (old, old_m), (new, new_m) = runs["map"], runs["auto"]
+  pairs = list(zip(jax.tree.leaves((old, old_m)), jax.tree.leaves((new, new_m))))
+  if mode == "gated":
+    for x, y in pairs:
+      np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+  else:
+    for x, y in pairs:
+      np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-5, atol=1e-7)
+  flat = lambda tree: {param_paths.path_str(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  before, after = flat(initial), flat(new["params"])
+  moved = {p for p in before if not np.array_equal(before[p], after[p])}
+  if mode == "lora":  # only the adapters train; the base stays bit for bit
+    assert moved and all(p.startswith("lora") for p in moved), sorted(moved)[:3]
+  if mode == "static":  # only the MLPs train
+    assert moved and all("mlp" in p for p in moved), sorted(moved)[:3]
 
 
 def test_ensemble_strategy_per_platform():

@@ -258,11 +258,17 @@ def _unpadded(cfg: model.Config, leaf: tuple, shape: tuple[int, ...]) -> tuple[i
   return tuple(shape)
 
 
+def _transposed(m: Map) -> bool:
+  """Whether the leaf holds its tensors transposed: torch Linear weights ([out, in]) as xlt's
+  [in, out] kernel, copied on load, never a view of the file."""
+  return m.layout == "linear" and m.num_in > 0
+
+
 def _is_view(cfg, leaf, m: Map, arrays: list, shape: tuple[int, ...]) -> bool:
   """Whether the leaf is its one Hugging Face tensor as stored: the same layout, shape and dtype,
   and ALIGN-aligned in its file (the mapping starts on a page), so a view of the file is it."""
   a = arrays[0]
-  return (m.stack is None and not (m.layout == "linear" and m.num_in) and _unpadded(cfg, leaf, shape) == tuple(shape)
+  return (m.stack is None and not _transposed(m) and _unpadded(cfg, leaf, shape) == tuple(shape)
           and a.dtype == np.dtype(cfg.param_dtype) and a.offset is not None and a.offset % placement.ALIGN == 0)
 
 
@@ -286,7 +292,7 @@ def _place(cfg, leaf, m: Map, arrays: list, shape: tuple[int, ...], host, where,
   for axis, n in enumerate(stored):  # the vocabulary padding: zero rows (or columns) no logit shows
     if n < host.shape[axis]:
       host[(slice(None),) * axis + (slice(n, None),)] = 0
-  transposed = m.layout == "linear" and m.num_in
+  transposed = _transposed(m)
   jobs = []
   for i, (a, v) in enumerate(zip(arrays, views)):
     member = inner if m.stack is None else inner[(slice(None),) * m.stack + (i,)]

@@ -3,7 +3,7 @@
 Small models underuse a machine, so xlt trains several models (seeds, and grid cells
 whose shapes agree) together: every leaf of the train state has a leading ensemble
 axis E, and the step maps the single-model step over it (xlt.ensemble: vmap on
-accelerators, lax.map on CPU).
+accelerators, lax.map on CPU, the optimizer's update then vmapped: `ensemble_step`).
 E=1 is a plain run.
 
 Batches are dicts: tokens [E, B, T] int32 and loss_mask [E, B, T-1] float32 (1 on
@@ -160,9 +160,9 @@ def loss_sums(cfg: model_lib.Config, params, batch, dropout_rng=None) -> tuple[j
   return (ce_BxT * mask_BxT).sum(), mask_BxT.sum()
 
 
-def _grads(cfg, params, batch, accum: int, rebuild=lambda p: p, dropout_rng=None):
-  """Mean masked loss and its gradient with respect to `params` (the model is
-  `rebuild(params)`); with `accum` > 1 the batch is split into micro-batches under
+def _grad_sums(cfg, params, batch, accum: int, rebuild=lambda p: p, dropout_rng=None):
+  """(sum of masked token losses, their count, the sum's gradient with respect to `params`;
+  the model is `rebuild(params)`); with `accum` > 1 the batch is split into micro-batches under
   `lax.scan` (same result, a fraction of the activation memory; each micro-batch its own
   dropout masks)."""
 
@@ -172,18 +172,55 @@ def _grads(cfg, params, batch, accum: int, rebuild=lambda p: p, dropout_rng=None
   grad_fn = jax.value_and_grad(sums, has_aux=True)
   if accum == 1:
     (total, count), g = grad_fn(params, batch, dropout_rng)
-  else:
-    micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
-    rngs = None if dropout_rng is None else jax.random.split(dropout_rng, accum)
+    return total, count, g
+  micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+  rngs = None if dropout_rng is None else jax.random.split(dropout_rng, accum)
 
-    def body(carry, xs):
-      (t, n), g = grad_fn(params, *xs)
-      return jax.tree.map(jnp.add, carry, (t, n, g)), None
+  def body(carry, xs):
+    (t, n), g = grad_fn(params, *xs)
+    return jax.tree.map(jnp.add, carry, (t, n, g)), None
 
-    zeros = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
-    (total, count, g), _ = jax.lax.scan(body, zeros, (micro, rngs))
+  zeros = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
+  return jax.lax.scan(body, zeros, (micro, rngs))[0]
+
+
+def _mean(total, count, grads):
+  """(mean masked loss, its gradient) from `_grad_sums`."""
   count = jnp.maximum(count, 1.0)
-  return total / count, jax.tree.map(lambda x: x / count, g)
+  return total / count, jax.tree.map(lambda x: x / count, grads)
+
+
+def _grads(cfg, params, batch, accum: int, rebuild=lambda p: p, dropout_rng=None):
+  """Mean masked loss and its gradient with respect to `params` (`_grad_sums`, `_mean`)."""
+  return _mean(*_grad_sums(cfg, params, batch, accum, rebuild, dropout_rng))
+
+
+def member_grads(state: State, batch, *, cfg, tx, accum: int = 1):
+  """One member's (sum of masked token losses, their count, the sum's gradients): with respect
+  to the trained part (composite.split), and with a `static_freeze` tx to its trained leaves
+  only. Sums, not means: `apply_grads` divides them, so that under a vmapped update the division
+  fuses into the clip's and Adam's reads instead of being one more pass over every gradient."""
+  batch = {k: batch[k] for k in ("tokens", "loss_mask")}
+  trained, rebuild, _ = composite.split(state["params"])
+  _, live, fill = _static_part(tx, trained)
+  # dropout masks from the member's key and the step: the same on a resumed run
+  rng = (jax.random.fold_in(jax.random.wrap_key_data(state["dropout_key"]), state["step"])
+         if "dropout_key" in state else None)
+  return _grad_sums(cfg, live, batch, accum, lambda p: rebuild(fill(p)), rng)
+
+
+def apply_grads(state: State, batch, sums, *, tx):
+  """One member's optimizer update from `member_grads`' sums: the new state and the step's
+  metrics. A batch with `trainable` flags (partition training) passes them to the gated
+  optimizer; with a `static_freeze` tx the frozen leaves pass through untouched."""
+  loss, grads = _mean(*sums)
+  extra = {"trainable": batch["trainable"]} if "trainable" in batch else {}
+  trained, rebuild, more = composite.split(state["params"])
+  tx, live, fill = _static_part(tx, trained)
+  updates, opt_state = tx.update(grads, state["opt_state"], live, **extra, **more)
+  new = {**state, "step": state["step"] + 1, "params": rebuild(fill(optax.apply_updates(live, updates))),
+         "opt_state": opt_state}
+  return new, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
 
 def train_step(state: State, batch, *, cfg, tx, accum: int = 1):
@@ -192,18 +229,31 @@ def train_step(state: State, batch, *, cfg, tx, accum: int = 1):
   `trainable` flags (partition training) passes them to the gated optimizer. With a
   `static_freeze` tx only the trained leaves are differentiated (grad_norm is theirs) and the
   frozen ones pass through untouched."""
-  extra = {"trainable": batch["trainable"]} if "trainable" in batch else {}
-  batch = {k: batch[k] for k in ("tokens", "loss_mask")}
-  trained, rebuild, more = composite.split(state["params"])
-  tx, live, fill = _static_part(tx, trained)
-  # dropout masks from the member's key and the step: the same on a resumed run
-  rng = (jax.random.fold_in(jax.random.wrap_key_data(state["dropout_key"]), state["step"])
-         if "dropout_key" in state else None)
-  loss, grads = _grads(cfg, live, batch, accum, lambda p: rebuild(fill(p)), rng)
-  updates, opt_state = tx.update(grads, state["opt_state"], live, **extra, **more)
-  new = {**state, "step": state["step"] + 1, "params": rebuild(fill(optax.apply_updates(live, updates))),
-         "opt_state": opt_state}
-  return new, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+  return apply_grads(state, batch, member_grads(state, batch, cfg=cfg, tx=tx, accum=accum), tx=tx)
+
+
+def ensemble_step(state: State, batch, *, cfg, tx, accum: int = 1, strategy: str = "map", update: str = "auto"):
+  """`train_step` over the stacked members [E, ...], computed as `strategy` says
+  (xlt.ensemble). Under "map", `update` says where the optimizer's update runs: "map", in the
+  map with the gradients, or "vmap", vmapped over the whole stacked state after it (the
+  gradients per member as before; the same values to float rounding: XLA simplifies the mean's
+  and the clip's scalar divisions differently). "auto" vmaps it, except for a gated optimizer
+  (a batch with `trainable` flags), whose per-cell `lax.cond` would become a select computing
+  both branches.
+
+  Why: with the update in the map XLA:CPU fused Adam's update so that each parameter's
+  fusion recomputed the new moments from the old ones, and copied every leaf's old moments
+  and new parameters each step (the small Llama's full step: 171 parameter-sized copies; one
+  member too, where the map is inlined), where on the stacked arrays each moment and parameter
+  is updated in place by one fusion (tests/test_train.py counts the copies). The loss sums are
+  divided in the update (`apply_grads`): commit cdf8d0a, which divided before the forward pass,
+  made some LoRA and frozen-partition steps about a third slower (in wall time, not CPU time)."""
+  if update not in ("auto", "map", "vmap"):
+    raise ValueError(f"update {update!r}; expected auto, map or vmap")
+  if strategy != "map" or update == "map" or (update == "auto" and "trainable" in batch):
+    return ensemble_lib.over_members(functools.partial(train_step, cfg=cfg, tx=tx, accum=accum), strategy)(state, batch)
+  sums = ensemble_lib.over_members(functools.partial(member_grads, cfg=cfg, tx=tx, accum=accum), strategy)(state, batch)
+  return jax.vmap(functools.partial(apply_grads, tx=tx))(state, batch, sums)
 
 
 def init_state(cfg: model_lib.Config, tx, seeds, params=None) -> State:
@@ -252,9 +302,10 @@ def state_shardings(cfg: model_lib.Config, tx, mesh, rules, abstract_state):
 
 
 def make_step(cfg: model_lib.Config, tx, mesh, rules, abstract_state, accum: int = 1,
-              gated: bool = False, strategy: str = "auto"):
-  """The jitted ensemble step with explicit in/out shardings; the state is donated.
-  `strategy` (xlt.ensemble): how the members are computed; auto suits the mesh's platform.
+              gated: bool = False, strategy: str = "auto", update: str = "auto"):
+  """The jitted ensemble step (`ensemble_step`) with explicit in/out shardings; the state is
+  donated. `strategy` (xlt.ensemble): how the members are computed; auto suits the mesh's
+  platform. `update`: where a mapped step's optimizer update runs (`ensemble_step`).
   `gated`: batches carry `trainable` flags (partition.gated_optimizer). A `static_freeze` tx
   makes a step that differentiates only its trained leaves (`abstract_state` from
   `init_state` with the same tx)."""
@@ -265,7 +316,7 @@ def make_step(cfg: model_lib.Config, tx, mesh, rules, abstract_state, accum: int
   b_sh = {"tokens": rows, "loss_mask": rows}
   if gated:  # partition training: [E, cells] flags per step
     b_sh["trainable"] = rep
-  step = ensemble_lib.over_members(functools.partial(train_step, cfg=cfg, tx=tx, accum=accum), strategy, mesh)
+  step = functools.partial(ensemble_step, cfg=cfg, tx=tx, accum=accum, strategy=strategy, update=update)
   return jax.jit(step, in_shardings=(st_sh, b_sh), out_shardings=(st_sh, rep),
                  donate_argnums=0), st_sh, b_sh
 
