@@ -111,7 +111,7 @@ def trained_in_static(path: str) -> bool:
   return "mlp" in path
 
 
-def _xlt_state(cfg, tx, mesh, params, mode: str, update: str = "auto"):
+def _xlt_state(cfg, tx, mesh, params, mode: str, update: str = "map"):
   """xlt's jitted step and its initial state for `params` (one model), fully, as LoRA, or
   with the static frozen partition; `update`: where the optimizer's update runs
   (xlt.train.ensemble_step)."""
@@ -142,7 +142,7 @@ def _xlt_state(cfg, tx, mesh, params, mode: str, update: str = "auto"):
 XLT_MESHES = {"data": {"data": -1}, "fsdp": {"fsdp": -1}, "one": {"data": -1}}
 
 
-def xlt_setup(workdir: str, job: str, xlt_mesh: str = "data", update: str = "auto"):
+def xlt_setup(workdir: str, job: str, xlt_mesh: str = "data", update: str = "map"):
   """(mesh, jitted step, initial state, trained parameter count, batch) of xlt's `job`
   ("small/full") on the checkpoint under `workdir` (benchmarks/profile_step.py traces it)."""
   import ml_collections
@@ -159,7 +159,7 @@ def xlt_setup(workdir: str, job: str, xlt_mesh: str = "data", update: str = "aut
   return (mesh, *_xlt_state(cfg, tx, mesh, params, mode, update), batch)
 
 
-def xlt_child(workdir: str, timing: dict, job: str, xlt_mesh: str = "data", update: str = "auto") -> dict:
+def xlt_child(workdir: str, timing: dict, job: str, xlt_mesh: str = "data", update: str = "map") -> dict:
   import jax
 
   from xlt import allocator
@@ -348,7 +348,7 @@ if __name__ == "__main__":
   p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
   p.add_argument("--xlt_mesh", choices=XLT_MESHES, default="data",
                  help="xlt's devices: data (the default mesh), fsdp (parameters sharded), one (one CPU device)")
-  p.add_argument("--update", choices=("auto", "map", "vmap"), default="auto",
+  p.add_argument("--update", choices=("auto", "map", "vmap"), default="map",
                  help="where xlt's optimizer update runs (xlt.train.ensemble_step): auto (xlt's choice), in the map "
                       "with the gradients, or vmapped over the stacked state")
   p.add_argument("--notes", default="", help="appended to the file's notes (e.g. 'taken on a busy machine')")

@@ -222,7 +222,7 @@ def _step_builder(c, model_cfg, members, tx, mesh, accum: int, init_params) -> C
   def step_for(n):
     s = t.get("ensemble", "auto")
     abstract = _abstract_state(model_cfg, tx, seeds[:n], init_params)
-    return train_lib.make_step(model_cfg, tx, mesh, rules, abstract, accum, gated, s)
+    return train_lib.make_step(model_cfg, tx, mesh, rules, abstract, accum, gated, s, update=t.get("update", "map"))
 
   return step_for
 

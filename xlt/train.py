@@ -232,14 +232,16 @@ def train_step(state: State, batch, *, cfg, tx, accum: int = 1):
   return apply_grads(state, batch, member_grads(state, batch, cfg=cfg, tx=tx, accum=accum), tx=tx)
 
 
-def ensemble_step(state: State, batch, *, cfg, tx, accum: int = 1, strategy: str = "map", update: str = "auto"):
+def ensemble_step(state: State, batch, *, cfg, tx, accum: int = 1, strategy: str = "map", update: str = "map"):
   """`train_step` over the stacked members [E, ...], computed as `strategy` says
   (xlt.ensemble). Under "map", `update` says where the optimizer's update runs: "map", in the
   map with the gradients, or "vmap", vmapped over the whole stacked state after it (the
   gradients per member as before; the same values to float rounding: XLA simplifies the mean's
   and the clip's scalar divisions differently). "auto" vmaps it, except for a gated optimizer
   (a batch with `trainable` flags), whose per-cell `lax.cond` would become a select computing
-  both branches.
+  both branches. The default is "map": the committed experiments' results are reproduced bit
+  for bit, and training amplifies a rounding difference into another model (docs/testbed.md,
+  "A base trained again is another base"); `train.update="auto"` opts in.
 
   Why: with the update in the map XLA:CPU fused Adam's update so that each parameter's
   fusion recomputed the new moments from the old ones, and copied every leaf's old moments
@@ -302,7 +304,7 @@ def state_shardings(cfg: model_lib.Config, tx, mesh, rules, abstract_state):
 
 
 def make_step(cfg: model_lib.Config, tx, mesh, rules, abstract_state, accum: int = 1,
-              gated: bool = False, strategy: str = "auto", update: str = "auto"):
+              gated: bool = False, strategy: str = "auto", update: str = "map"):
   """The jitted ensemble step (`ensemble_step`) with explicit in/out shardings; the state is
   donated. `strategy` (xlt.ensemble): how the members are computed; auto suits the mesh's
   platform. `update`: where a mapped step's optimizer update runs (`ensemble_step`).
