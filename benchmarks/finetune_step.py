@@ -349,8 +349,8 @@ if __name__ == "__main__":
   p.add_argument("--xlt_mesh", choices=XLT_MESHES, default="data",
                  help="xlt's devices: data (the default mesh), fsdp (parameters sharded), one (one CPU device)")
   p.add_argument("--update", choices=("auto", "map", "vmap"), default="map",
-                 help="where xlt's optimizer update runs (xlt.train.ensemble_step): auto (xlt's choice), in the map "
-                      "with the gradients, or vmapped over the stacked state")
+                 help="where xlt's optimizer update runs (xlt.train.ensemble_step): map (the default, in the map with "
+                      "the gradients), vmap (vmapped over the stacked state) or auto (vmap, except a gated optimizer's)")
   p.add_argument("--notes", default="", help="appended to the file's notes (e.g. 'taken on a busy machine')")
   p.add_argument("--rounds", type=int, default=3, help="fresh subprocesses per tool")
   p.add_argument("--warmup", type=int, default=1, help="untimed steps after the first")

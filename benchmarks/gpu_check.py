@@ -78,8 +78,9 @@ TUNED_FLAGS = "--xla_gpu_enable_triton_gemm=false --xla_gpu_enable_latency_hidin
 ENV = {"xlt full cudnn cublas": {"XLA_FLAGS": TUNED_FLAGS},
        "xlt 8b lora": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"},
        "xlt 8b full": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"}}
-DEFAULT_JOBS = ("attention", "xlt full cudnn", "xlt lora cudnn", "xlt 8b lora", "xlt decode", "xlt full cudnn b4", "xlt full xla",
-                "torch full", "torch lora")
+# by priority: jobs run while --budget_s lasts, so the issue's figures come first
+DEFAULT_JOBS = ("xlt full cudnn", "torch full", "xlt lora cudnn", "torch lora", "xlt decode", "xlt 8b lora",
+                "xlt full cudnn b4", "xlt full xla", "attention")
 QUICK_BATCH = (8, 64)  # --quick's batch and sequence (8 rows: any CPU device count the tests make divides it)
 QUICK = dict(vocab_size=1024, d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, mlp_dim=256)
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 FLOP/s (SXM)

@@ -16,7 +16,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
 export PYTHONUNBUFFERED=1
 python3 benchmarks/gpu_check.py --out="$out/gpu_check.json" --budget_s="$speed_s" --profile_dir="$work/profile" \
-  --jobs "${GPU_JOBS:-xlt full cudnn,torch full,xlt lora cudnn,torch lora,xlt decode,xlt 8b lora,xlt full cudnn b4,xlt full xla}" \
+  ${GPU_JOBS:+--jobs "$GPU_JOBS"} \
   2>&1 | tee "$out/gpu_check.log"
 find "$work/profile" -name '*.xplane.pb' -exec cp {} "$out/step.xplane.pb" \; 2>/dev/null
 timeout -s INT "$study_s" python3 -m xlt.main --config=configs/claims_study_gpu.py --workdir="$work/claims_gpu" \

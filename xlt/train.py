@@ -3,7 +3,7 @@
 Small models underuse a machine, so xlt trains several models (seeds, and grid cells
 whose shapes agree) together: every leaf of the train state has a leading ensemble
 axis E, and the step maps the single-model step over it (xlt.ensemble: vmap on
-accelerators, lax.map on CPU, the optimizer's update then vmapped: `ensemble_step`).
+accelerators, lax.map on CPU; `ensemble_step` can vmap the optimizer's update after the map).
 E=1 is a plain run.
 
 Batches are dicts: tokens [E, B, T] int32 and loss_mask [E, B, T-1] float32 (1 on
