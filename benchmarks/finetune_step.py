@@ -4,7 +4,7 @@
   PY=../peervenv/bin/python   # a venv with torch, transformers, peft and xlt
   $PY benchmarks/finetune_step.py --shapes=tiny,small --out=results/benchmarks/finetune_step.json
   $PY benchmarks/finetune_step.py --shapes=medium --rounds=2 --out=results/benchmarks/finetune_step_medium.json
-  $PY benchmarks/finetune_step.py --shapes=small --modes=full --xlt_mesh=one --out=runs/ft_one.json  # 1 device
+  $PY benchmarks/finetune_step.py --shapes=small --modes=full --xlt_mesh=data --out=runs/ft_data.json  # every device
   $PY benchmarks/finetune_step.py --quick --shapes=tiny --out=runs/ft.json      # smoke test
   $PY benchmarks/finetune_step.py --shapes=tiny --modes=lora,static --update=vmap --out=runs/ft_vmap.json
 
@@ -25,8 +25,9 @@ every attention and MLP projection (q, k, v, o, gate, up, down), rsLoRA scale al
 with alpha 16, the base frozen; `static` is the frozen-partition step (a partition recipe
 with fixed flags): only the MLPs (gate, up, down) train, xlt through `xlt.train.static_freeze`
 (no weight gradients and no optimizer state for the frozen leaves), PyTorch with
-`requires_grad` off for every other parameter. xlt: `xlt.train.make_step(make_optimizer(...))` over xlt's
-default mesh (on a CPU one device per core, xlt.cpu_devices; the batch split over them), a LoRA
+`requires_grad` off for every other parameter. xlt: `xlt.train.make_step(make_optimizer(...))` over the
+fine-tuning kind's mesh (configs/finetune.py: on a CPU one device, XLA's threads spreading each
+op over the cores; `--xlt_mesh=data` splits the batch over one device per core), a LoRA
 model as the composite {"base", "lora"} of `xlt.lora.init`. PyTorch: eager (no torch.compile),
 transformers' default attention (sdpa), `use_cache=False`, `torch.optim.AdamW(foreach=True)`,
 `clip_grad_norm_(foreach=True)`, torch.set_num_threads(cores); LoRA through peft's
@@ -135,14 +136,23 @@ def _xlt_state(cfg, tx, mesh, params, mode: str, update: str = "map"):
   return step, state, sum(x.size for x in jax.tree.leaves(trained))
 
 
-# --xlt_mesh: how xlt spreads the step over a CPU's cores. data: xlt's default (one device per
-# core, the batch split, parameters and the AdamW update replicated on each); fsdp: the same
-# devices with the parameters and optimizer state sharded along `embed` (the update split);
-# one: one device (XLT_CPU_DEVICES=1), XLA's thread pool spreading each op.
-XLT_MESHES = {"data": {"data": -1}, "fsdp": {"fsdp": -1}, "one": {"data": -1}}
+# --xlt_mesh: how xlt spreads the step over a CPU's cores. config: configs/finetune.py's mesh
+# (the fine-tuning kind's: one of xlt.cpu_devices' devices); data: every device (one per core,
+# the batch split, parameters and the AdamW update replicated on each: xlt's default for its own
+# models); fsdp: the same devices with the parameters and optimizer state sharded along `embed`
+# (the update split); one: one device in the process (XLT_CPU_DEVICES=1).
+XLT_MESHES = {"config": None, "data": {"data": -1}, "fsdp": {"fsdp": -1}, "one": {"data": -1}}
 
 
-def xlt_setup(workdir: str, job: str, xlt_mesh: str = "data", update: str = "map"):
+def mesh_spec(xlt_mesh: str) -> dict:
+  if XLT_MESHES[xlt_mesh] is not None:
+    return XLT_MESHES[xlt_mesh]
+  from configs import finetune
+
+  return finetune.get_config().mesh.to_dict()
+
+
+def xlt_setup(workdir: str, job: str, xlt_mesh: str = "config", update: str = "map"):
   """(mesh, jitted step, initial state, trained parameter count, batch) of xlt's `job`
   ("small/full") on the checkpoint under `workdir` (benchmarks/profile_step.py traces it)."""
   import ml_collections
@@ -153,13 +163,13 @@ def xlt_setup(workdir: str, job: str, xlt_mesh: str = "data", update: str = "map
   shape, mode = job.split("/")
   spec = SHAPES[shape]
   tx = train.make_optimizer(ml_collections.ConfigDict(OPT))
-  mesh = sharding.make_mesh(XLT_MESHES[xlt_mesh])  # data: as `python -m xlt.main`, every device
+  mesh = sharding.make_mesh(mesh_spec(xlt_mesh))
   cfg, params = pretrained.load(os.path.join(workdir, shape))
   batch = {"tokens": tokens(spec)[None], "loss_mask": np.ones((1, spec["batch"], spec["seq"]), np.float32)}
   return (mesh, *_xlt_state(cfg, tx, mesh, params, mode, update), batch)
 
 
-def xlt_child(workdir: str, timing: dict, job: str, xlt_mesh: str = "data", update: str = "map") -> dict:
+def xlt_child(workdir: str, timing: dict, job: str, xlt_mesh: str = "config", update: str = "map") -> dict:
   import jax
 
   from xlt import allocator
@@ -173,10 +183,11 @@ def xlt_child(workdir: str, timing: dict, job: str, xlt_mesh: str = "data", upda
     jax.block_until_ready(holder[0])
     return float(m["loss"][0])
 
-  n = len(jax.devices())
+  n = mesh.devices.size
   return {**_timed(run, timing), "trainable_params": int(trainable), "versions": {"jax": jax.__version__},
           "allocator": allocator.in_use(),
-          "device": jax.devices()[0].device_kind + (f" x {n} (batch split over them)" if n > 1 else "")}
+          "device": jax.devices()[0].device_kind + (f" x {n} (batch split over them)" if n > 1 else " x 1")
+          + f" of {len(jax.devices())}"}
 
 
 def _torch_model(path: str, mode: str):
@@ -346,8 +357,9 @@ if __name__ == "__main__":
   p.add_argument("--out", default="", help="the results file (docs/speed.md's schema, every measurement in it)")
   p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
   p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
-  p.add_argument("--xlt_mesh", choices=XLT_MESHES, default="data",
-                 help="xlt's devices: data (the default mesh), fsdp (parameters sharded), one (one CPU device)")
+  p.add_argument("--xlt_mesh", choices=XLT_MESHES, default="config",
+                 help="xlt's devices: config (configs/finetune.py's mesh), data (every device, the batch split), "
+                      "fsdp (parameters sharded), one (one CPU device in the process)")
   p.add_argument("--update", choices=("auto", "map", "vmap"), default="map",
                  help="where xlt's optimizer update runs (xlt.train.ensemble_step): map (the default, in the map with "
                       "the gradients), vmap (vmapped over the stacked state) or auto (vmap, except a gated optimizer's)")

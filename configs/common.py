@@ -47,8 +47,9 @@ def opt(train_config: ml_collections.ConfigDict, **overrides) -> ml_collections.
 
 
 def mesh(**overrides) -> ml_collections.ConfigDict:
-  """Mesh axes (one may be -1: all remaining devices); devices > 0 uses only the first n."""
-  return _dict(dict(data=-1, fsdp=1, tensor=1, devices=-1), overrides)
+  """Mesh axes (one may be -1: all remaining devices); devices > 0 uses only the first n, and
+  cpu_devices > 0 only the first n when the devices are a CPU's (xlt.cpu_devices)."""
+  return _dict(dict(data=-1, fsdp=1, tensor=1, devices=-1, cpu_devices=-1), overrides)
 
 
 def lm_eval(**overrides) -> ml_collections.ConfigDict:

@@ -82,5 +82,9 @@ def get_config():
   c.eval.chat = False
   c.eval.max_new = 64
   c.device_memory_gb = 0.0  # > 0: fail before training when the estimate is over it
-  c.mesh = common.mesh()
+  # on a CPU, one device using every core (xlt.cpu_devices splits the cores for small models):
+  # a pretrained model's products fill the cores alone, and split over devices its step keeps
+  # a copy of the whole training state per device and updates each (benchmarks/finetune_step.py
+  # --xlt_mesh=data measures the split; docs/speed.md). Accelerators: every device.
+  c.mesh = common.mesh(cpu_devices=1)
   return c

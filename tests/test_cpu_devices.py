@@ -106,3 +106,21 @@ def test_spread_splits_rows_and_checks_them(stacked):
   with pytest.raises(ValueError, match="does not split over 4 devices"):
     sharding.spread(x[:, :6], params, 1)
   assert sharding.devices_of(params) == 4 and sharding.round_up(7, 4) == 8
+
+
+def test_cpu_devices_caps_a_cpu_mesh_only():
+  """mesh.cpu_devices: the fine-tuning kind's one CPU device (configs/finetune.py) leaves an
+  accelerator's mesh whole; it composes with mesh.devices and the axes' sizes."""
+  assert len(jax.devices()) > 2  # the tests' fake CPU devices
+  assert sharding.make_mesh({"data": -1, "cpu_devices": 1}).devices.size == 1
+  two = sharding.make_mesh({"data": -1, "devices": 4, "cpu_devices": 2})
+  assert two.devices.size == 2 and list(two.devices.flat) == jax.devices()[:2]
+  assert sharding.make_mesh({"data": -1, "cpu_devices": -1}).devices.size == len(jax.devices())
+
+  class Gpu:  # the platform is all make_mesh reads of an accelerator's devices
+    platform = "gpu"
+
+  with pytest.raises(ValueError, match="needs 1 devices but 3 are in use"):
+    sharding.make_mesh({"data": 1, "cpu_devices": 1}, devices=[Gpu(), Gpu(), Gpu()])
+  with pytest.raises(ValueError, match="needs 2 devices but 1 are in use"):
+    sharding.make_mesh({"data": 2, "cpu_devices": 1})

@@ -2,7 +2,7 @@
 
 The mesh has three axes, sized by the config (`mesh.data`, `mesh.fsdp`, `mesh.tensor`;
 one of them may be -1 = "all remaining devices"; `mesh.devices` > 0 uses only the first
-that many devices):
+that many devices, `mesh.cpu_devices` > 0 only the first that many when they are CPU devices):
   data:   batch only (parameters replicated)
   fsdp:   batch, and parameters sharded along `embed`
   tensor: attention heads and MLP width (Megatron-style)
@@ -42,7 +42,7 @@ DEFAULT_RULES = (
 
 
 def mesh_shape(spec: dict, num_devices: int) -> tuple[int, ...]:
-  sizes = [int(spec.get(a, 1)) for a in AXES]  # "devices" is not an axis
+  sizes = [int(spec.get(a, 1)) for a in AXES]  # "devices" and "cpu_devices" are not axes
   if any(s == 0 or s < -1 for s in sizes) or sizes.count(-1) > 1:
     raise ValueError(f"mesh sizes must be positive, with at most one -1; got {dict(zip(AXES, sizes))}")
   known = math.prod(s for s in sizes if s != -1)
@@ -57,12 +57,19 @@ def mesh_shape(spec: dict, num_devices: int) -> tuple[int, ...]:
 
 
 def make_mesh(spec: dict, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A mesh over `devices` (default: all, or the first `spec["devices"]` when set > 0)."""
+  """A mesh over `devices` (default: all, or the first `spec["devices"]` when set > 0; on a
+  CPU, at most `spec["cpu_devices"]` when set > 0)."""
   devices = list(devices if devices is not None else jax.devices())
   n = int(spec.get("devices", -1))
   if n > len(devices):
     raise ValueError(f"mesh.devices={n} but only {len(devices)} devices exist")
   devices = devices[:n] if n > 0 else devices
+  # xlt.cpu_devices splits a CPU's cores into devices for small models' chains of small ops; a
+  # model whose products fill the cores on their own gains less from the split than it pays in
+  # the replicated optimizer update, the gradients' all-reduce and a state copy per device
+  cpu = int(spec.get("cpu_devices", -1))
+  if cpu > 0 and devices[0].platform == "cpu":
+    devices = devices[:cpu]
   shape = mesh_shape(spec, len(devices))
   return Mesh(np.asarray(devices).reshape(shape), AXES)
 
