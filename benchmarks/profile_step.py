@@ -201,8 +201,8 @@ def main(a):
     with jax.profiler.trace(a.trace_dir):
       for _ in range(a.steps):
         one()
-  devices = len(jax.devices())
-  print(f"{label}: {devices} {jax.devices()[0].platform} device(s), jax {jax.__version__}; "
+  devices = mesh.devices.size  # the step's (the fine-tuning kind's mesh may use one of several)
+  print(f"{label}: {devices} of {len(jax.devices())} {jax.devices()[0].platform} device(s), jax {jax.__version__}; "
         f"{np.median(times) * 1e3:.1f} ms per step unprofiled (median of 10); {a.steps} steps traced "
         f"in {a.trace_dir}\n")
   print(report(op_times(a.trace_dir), ops, a.steps * devices, a.top))

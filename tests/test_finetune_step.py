@@ -29,3 +29,22 @@ def test_rows_take_medians_and_paired_ratios():
 def test_unknown_shape_is_one_line():
   with pytest.raises(SystemExit, match="unknown --shapes"):
     ft._pick("tiny,huge", ft.SHAPES, "shapes")
+
+
+def test_product_ceiling_counts_a_steps_flops():
+  """benchmarks/product_ceiling.py's products of one step: full fine-tuning multiplies each
+  matrix three times (forward, input gradient, weight gradient), 6 x tokens x its size; the
+  frozen partition twice, plus the MLPs' weight gradients; LoRA adds its rank-r products."""
+  from benchmarks import product_ceiling as pc
+
+  spec = ft.SHAPES["small"]
+  c, tokens = spec["config"], spec["batch"] * spec["seq"]
+  h, m, v, n = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
+  kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
+  mlp, attn = 3 * h * m, 2 * h * h + 2 * h * kv
+  total = lambda mode: sum(pc.flops(p) for p in pc.products("small", mode))
+  assert total("full") == 6 * tokens * (n * (attn + mlp) + h * v)
+  assert total("static") == 4 * tokens * (n * (attn + mlp) + h * v) + 2 * tokens * n * mlp
+  r, fans = ft.LORA["rank"], 2 * h + 2 * h + 2 * (h + kv) + 3 * (h + m)  # sum of in + out over q, o, k, v, MLPs
+  assert total("lora") == 4 * tokens * (n * (attn + mlp) + h * v) + 6 * tokens * r * n * fans
+  assert len(pc.products("small", "full")) == n * 7 * 3 + 3

@@ -218,3 +218,29 @@ def test_pretrained_projections_get_adapters():
   for name in ("q", "k", "v"):
     moved = new["params"]["lora"]["block_0"]["attn"][name]["kernel"]["b"]
     assert not np.array_equal(np.asarray(moved), np.asarray(adapters["block_0"]["attn"][name]["kernel"]["b"]))
+
+
+def test_adapter_gradients_leave_the_output_gradients_untransposed():
+  """The adapters' gradients contract the tokens. Written as plain jnp products, XLA:CPU ran
+  them by writing each adapted projection's output gradient transposed, [out, tokens], in the
+  fusion that computes it (a strided pass over the largest activations: docs/speed.md).
+  Through xlt.matmul only the rank-r operand is transposed, and the gradient equals the plain
+  products' to float rounding."""
+  import re
+
+  from xlt import matmul
+
+  params = base()
+  adapters = with_random_b(lora.init(params, jax.random.key(1), rank=2, alpha=4.0))
+  trained, rebuild = lora.split({"base": params, "lora": adapters})
+  f = lambda t: lora.apply(CFG, rebuild(t), TOKENS)[0].std()
+  hlo = jax.jit(jax.grad(f)).lower(trained).compile().as_text()
+  tokens = TOKENS.size  # 18; the projections' outputs: qkv 24, fc 32, proj 8
+  for out in (24, 32, 8):
+    assert not re.findall(rf"f32\[{out},({tokens}|{TOKENS.shape[0]},{TOKENS.shape[1]})\]", hlo), out
+  got = jax.grad(f)(trained)
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(matmul, "_dense", lambda x, w, n, precision: jax.lax.dot_general(
+        x, w, ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ()))))
+    want = jax.grad(f)(trained)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), got, want)

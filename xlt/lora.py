@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xlt import matmul
 from xlt import model as model_lib
 from xlt.io import tensor_files
 from xlt.param_paths import XLT, path_names, path_str
@@ -161,7 +162,9 @@ def apply(cfg: model_lib.Config, composite, tokens_BxT, cache=None, pos=0, dropo
     num_in = 2 if path[-3:-1] == ("attn", "proj") else 1  # xlt.param_paths.xlt_row_axes
     lead = x.shape[:x.ndim - num_in]
     x_in = x.reshape(*lead, a.shape[1]).astype(dt)
-    lr = (x_in @ a.T.astype(dt)) @ (s * b).T.astype(dt)
+    # xlt.matmul.dense: the adapters' gradients contract the tokens, which XLA:CPU would run
+    # by writing the projection's whole output gradient transposed
+    lr = _product(_product(x_in, a.T.astype(dt)), _cotangent_barrier((s * b).T.astype(dt)))
     return y + lr.reshape(y.shape).astype(y.dtype)
 
   used: set = set()
@@ -170,6 +173,21 @@ def apply(cfg: model_lib.Config, composite, tokens_BxT, cache=None, pos=0, dropo
   if unused := set(ab) - used:  # an adapter the model never reached would be silently lost
     raise ValueError(f"LoRA adapters for no projection of the model: {sorted(path_str(p) for p in unused)[:4]}")
   return out
+
+
+def _product(x, w):
+  """x [..., in] @ w [in, out]."""
+  return matmul.dense(x, w, (((x.ndim - 1,), (0,)), ((), ())))
+
+
+@jax.custom_vjp
+def _cotangent_barrier(x):
+  """x; its cotangent behind an optimization barrier, so that XLA cannot fold the transpose
+  back to b's [out, r] into the product that computed it (the slow form again)."""
+  return x
+
+
+_cotangent_barrier.defvjp(lambda x: (x, None), lambda _, ct: (jax.lax.optimization_barrier(ct),))
 
 
 def split(params):

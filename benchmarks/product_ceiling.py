@@ -1,0 +1,206 @@
+"""The loaded-model step's matrix products alone, in XLA:CPU and in PyTorch: how far ahead of
+PyTorch the step could be if it were nothing but its products.
+
+  python benchmarks/product_ceiling.py --out=results/benchmarks/product_ceiling.json
+  python benchmarks/product_ceiling.py --shapes=small --modes=full --rounds=1   # one row
+
+For each of benchmarks/finetune_step.py's shapes and modes, the products one training step
+multiplies: every projection's forward product (q, k, v, o, gate, up, down, the head), its
+input gradient, the weight gradient of each trained matrix (full: all; static: the MLPs'),
+and LoRA's rank-8 products on the seven projections. Attention's products are left out: each
+tool runs its own attention kernel (PyTorch's sdpa fuses them) and they are under a tenth of
+the step's FLOPs at these shapes. Each distinct product is timed alone (median of repeated
+calls after one that compiles), in a fresh process per tool and round, rounds alternating
+which goes first: XLA on one CPU device using every core (the fine-tuning kind's mesh, a
+plain `a @ b`, and for a weight gradient `xlt.matmul.dense`'s backward pass, as the step
+runs it), PyTorch with `torch.set_num_threads(cores)` (`a @ b`, `x.T @ dy`). The table's
+ratio is PyTorch's products' time over xlt's: the most the step can lead by when both tools
+spend nothing besides their products.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks import results_file  # noqa: E402  (neither imports jax nor torch)
+from benchmarks.compare import median_seconds, version  # noqa: E402
+from benchmarks.finetune_step import LORA, MODES, SHAPES  # noqa: E402
+
+TOOLS = ("xlt", "torch")
+
+
+def products(shape: str, mode: str) -> list[tuple[str, tuple[int, int, int]]]:
+  """(kind, (M, K, N)) of every product of one step, repeated as often as the step runs it:
+  kind "mm" is [M, K] @ [K, N]; "wgrad" is a weight gradient x^T dy with x [K, M], dy [K, N]
+  (K the tokens)."""
+  spec = SHAPES[shape]
+  c, tokens = spec["config"], spec["batch"] * spec["seq"]
+  h, m, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+  kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
+  layer = {"q": (h, h), "k": (h, kv), "v": (h, kv), "o": (h, h), "gate": (h, m), "up": (h, m), "down": (m, h)}
+  trained = {"full": set(layer), "static": {"gate", "up", "down"}, "lora": set()}[mode]
+  out = []
+  for name, (fan_in, fan_out) in layer.items():
+    one = [("mm", (tokens, fan_in, fan_out)), ("mm", (tokens, fan_out, fan_in))]  # forward, input gradient
+    if name in trained:
+      one.append(("wgrad", (fan_in, tokens, fan_out)))
+    if mode == "lora":  # x A, (x A) B; their input gradients; dB, dA
+      r = LORA["rank"]
+      one += [("mm", (tokens, fan_in, r)), ("mm", (tokens, r, fan_out)), ("mm", (tokens, fan_out, r)),
+              ("mm", (tokens, r, fan_in)), ("wgrad", (r, tokens, fan_out)), ("wgrad", (fan_in, tokens, r))]
+    out += one * c["num_hidden_layers"]
+  out += [("mm", (tokens, h, vocab)), ("mm", (tokens, vocab, h))]  # the head and its input gradient
+  if mode == "full":
+    out.append(("wgrad", (h, tokens, vocab)))
+  return out
+
+
+def flops(kind_dims) -> int:
+  m, k, n = kind_dims[1]
+  return 2 * m * k * n
+
+
+# ---------------------------------------------------------------------------- children
+
+
+def _xlt_timers():
+  os.environ.setdefault("XLT_CPU_DEVICES", "1")
+  from xlt import allocator, cpu_devices
+
+  cpu_devices.configure()
+  allocator.preload()
+  import jax
+  import jax.numpy as jnp
+
+  from xlt import matmul
+
+  mm = jax.jit(lambda a, b: a @ b)
+  # a dense layer's weight gradient as xlt's step takes it (xlt.matmul.dense's backward pass)
+  wgrad = jax.jit(lambda x, dy: jax.vjp(lambda w: matmul.dense(x, w, (((1,), (0,)), ((), ()))),
+                                        jnp.zeros((x.shape[1], dy.shape[1])))[1](dy)[0])
+
+  def timer(kind, dims):
+    m, k, n = dims
+    if kind == "mm":
+      a, b = jnp.ones((m, k)), jnp.ones((k, n))
+      return lambda: mm(a, b).block_until_ready()
+    x, dy = jnp.ones((k, m)), jnp.ones((k, n))
+    return lambda: wgrad(x, dy).block_until_ready()
+
+  return timer, {"jax": jax.__version__, "device": f"{jax.device_count()} CPU device"}
+
+
+def _torch_timers():
+  import torch
+
+  torch.set_num_threads(len(os.sched_getaffinity(0)))
+
+  def timer(kind, dims):
+    m, k, n = dims
+    if kind == "mm":
+      a, b = torch.ones(m, k), torch.ones(k, n)
+      return lambda: a @ b
+    x, dy = torch.ones(k, m), torch.ones(k, n)
+    return lambda: x.T @ dy
+
+  return timer, {"torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def child(tool: str, keys: list, min_seconds: float) -> dict:
+  timer, info = _xlt_timers() if tool == "xlt" else _torch_timers()
+  seconds = {}
+  for kind, dims in keys:
+    seconds[json.dumps([kind, dims])] = median_seconds(timer(kind, tuple(dims)), 2, 5, min_seconds, 200)
+  return {"seconds": seconds, **info}
+
+
+# ---------------------------------------------------------------------------- the parent
+
+
+def run_rounds(jobs: list[tuple[str, str]], rounds: int, min_seconds: float) -> list[dict]:
+  keys = sorted({(k, d) for s, mode in jobs for k, d in products(s, mode)})
+  out = []
+  with tempfile.TemporaryDirectory() as tmp:
+    for r in range(rounds):
+      got = {}
+      for tool in (TOOLS if r % 2 == 0 else TOOLS[::-1]):
+        path = os.path.join(tmp, f"{tool}.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", tool, "--keys", json.dumps(keys),
+               "--min_seconds", str(min_seconds), "--child_out", path]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if proc.returncode:
+          sys.exit(f"the {tool} child failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        with open(path) as f:
+          got[tool] = json.load(f)
+        print(f"  round {r + 1} {tool}: {len(keys)} products timed", file=sys.stderr, flush=True)
+      out.append(got)
+  return out
+
+
+COLUMNS = ["shape", "mode", "products per step", "GFLOP per step", "xlt products ms", "PyTorch products ms",
+           "PyTorch / xlt (products)", "xlt GFLOP/s", "PyTorch GFLOP/s"]
+
+
+def table_rows(jobs, rounds: list[dict]) -> list[list]:
+  rows = []
+  for shape, mode in jobs:
+    prods = products(shape, mode)
+    per_tool = {t: statistics.median(sum(r[t]["seconds"][json.dumps([k, list(d)])] for k, d in prods)
+                                     for r in rounds) for t in TOOLS}
+    gflop = sum(flops(p) for p in prods) / 1e9
+    rows.append([shape, mode, len(prods), round(gflop, 2), round(per_tool["xlt"] * 1e3, 1),
+                 round(per_tool["torch"] * 1e3, 1), round(per_tool["torch"] / per_tool["xlt"], 3),
+                 round(gflop / per_tool["xlt"], 1), round(gflop / per_tool["torch"], 1)])
+  return rows
+
+
+def main(a) -> None:
+  t_start = time.perf_counter()
+  jobs = [(s, m) for s in a.shapes.split(",") for m in a.modes.split(",")]
+  for s, m in jobs:
+    if s not in SHAPES or m not in MODES:
+      sys.exit(f"unknown shape or mode {s}/{m}: shapes {', '.join(SHAPES)}; modes {', '.join(MODES)}")
+  rounds = run_rounds(jobs, a.rounds, a.min_seconds)
+  rows = table_rows(jobs, rounds)
+  print("| " + " | ".join(COLUMNS) + " |")
+  for row in rows:
+    print("| " + " | ".join(str(x) for x in row) + " |")
+  if a.out:
+    results_file.write(
+        a.out, benchmark=os.path.splitext(os.path.basename(a.out))[0],
+        title="The loaded-model step's products alone: XLA:CPU against PyTorch, ms per step",
+        columns=COLUMNS, rows=rows, wall_s=time.perf_counter() - t_start,
+        versions={p: version(p) for p in ("jax", "torch")},
+        notes=(f"{a.rounds} rounds; medians of each product's time, summed over the step's products (attention's "
+               "left out); xlt: XLA on one CPU device, every core; PyTorch: torch.set_num_threads(cores); float32. "
+               + a.notes).strip(), details={"rounds": rounds})
+
+
+if __name__ == "__main__":
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
+  p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+  p.add_argument("--rounds", type=int, default=2, help="fresh processes per tool")
+  p.add_argument("--min_seconds", type=float, default=0.3, help="each product timed at least this long")
+  p.add_argument("--out", default="", help="the results file (docs/speed.md's schema)")
+  p.add_argument("--notes", default="", help="appended to the file's notes")
+  p.add_argument("--child", choices=TOOLS, help=argparse.SUPPRESS)
+  p.add_argument("--keys", help=argparse.SUPPRESS)
+  p.add_argument("--child_out", help=argparse.SUPPRESS)
+  args = p.parse_args()
+  if args.child:
+    result = child(args.child, json.loads(args.keys), args.min_seconds)
+    with open(args.child_out, "w") as f:
+      json.dump(result, f)
+  else:
+    main(args)
