@@ -235,3 +235,18 @@ def story_sp(story_corpora, tmp_path_factory):
   from xlt.data import spm_tokenizer
 
   return spm_tokenizer.train_or_load_tokenizer(str(tmp_path_factory.mktemp("work")), story_corpora, vocab_size=400)
+
+
+@pytest.fixture
+def autodiff_products(monkeypatch):
+  """Call it to make xlt.matmul's dense products plain `lax.dot_general`, differentiated by
+  autodiff, for the rest of the test: the reference xlt's own backward passes must equal."""
+  import jax
+
+  from xlt import matmul
+
+  def plain():
+    monkeypatch.setattr(matmul, "_dense", lambda x, w, n, precision: jax.lax.dot_general(
+        x, w, ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ()))))
+
+  return plain

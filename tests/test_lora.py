@@ -220,15 +220,13 @@ def test_pretrained_projections_get_adapters():
     assert not np.array_equal(np.asarray(moved), np.asarray(adapters["block_0"]["attn"][name]["kernel"]["b"]))
 
 
-def test_adapter_gradients_leave_the_output_gradients_untransposed():
+def test_adapter_gradients_leave_the_output_gradients_untransposed(autodiff_products):
   """The adapters' gradients contract the tokens. Written as plain jnp products, XLA:CPU ran
   them by writing each adapted projection's output gradient transposed, [out, tokens], in the
   fusion that computes it (a strided pass over the largest activations: docs/speed.md).
   Through xlt.matmul only the rank-r operand is transposed, and the gradient equals the plain
   products' to float rounding."""
   import re
-
-  from xlt import matmul
 
   params = base()
   adapters = with_random_b(lora.init(params, jax.random.key(1), rank=2, alpha=4.0))
@@ -239,8 +237,6 @@ def test_adapter_gradients_leave_the_output_gradients_untransposed():
   for out in (24, 32, 8):
     assert not re.findall(rf"f32\[{out},({tokens}|{TOKENS.shape[0]},{TOKENS.shape[1]})\]", hlo), out
   got = jax.grad(f)(trained)
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(matmul, "_dense", lambda x, w, n, precision: jax.lax.dot_general(
-        x, w, ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ()))))
-    want = jax.grad(f)(trained)
+  autodiff_products()
+  want = jax.grad(f)(trained)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), got, want)

@@ -231,7 +231,7 @@ def test_attention_benchmark_variants_compute_xlts_attention():
     ((3, 5, 6), (6, 2)),  # dy narrower: dy is, and the product is transposed back
     ((2, 5, 3, 4), (3, 4, 7)),  # DenseGeneral over two axes (the attention's output projection)
 ])
-def test_dense_product_and_its_gradients_equal_lax(x_shape, w_shape):
+def test_dense_product_and_its_gradients_equal_lax(x_shape, w_shape, autodiff_products):
   """xlt's dense product is lax.dot_general with another weight-gradient program: the same
   values and gradients, also under vmap (ensembles), and through a whole model."""
   n = len(w_shape) - 1
@@ -257,10 +257,8 @@ def test_dense_product_and_its_gradients_equal_lax(x_shape, w_shape):
   tokens = jax.random.randint(jax.random.key(3), (2, 8), 0, 11)
   f = lambda p: model.apply(cfg, p, tokens)[0].std()
   got = jax.grad(f)(params)
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(matmul, "_dense", lambda x, w, n, precision: jax.lax.dot_general(
-        x, w, ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ()))))
-    want = jax.grad(f)(params)
+  autodiff_products()
+  want = jax.grad(f)(params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), got, want)
 
 
