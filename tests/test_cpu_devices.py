@@ -117,10 +117,15 @@ def test_cpu_devices_caps_a_cpu_mesh_only():
   assert two.devices.size == 2 and list(two.devices.flat) == jax.devices()[:2]
   assert sharding.make_mesh({"data": -1, "cpu_devices": -1}).devices.size == len(jax.devices())
 
-  class Gpu:  # the platform is all make_mesh reads of an accelerator's devices
-    platform = "gpu"
+  class Fake:  # what make_mesh reads of a device before the mesh is built
+    def __init__(self, platform, process_index=0):
+      self.platform, self.process_index = platform, process_index
 
-  with pytest.raises(ValueError, match="needs 1 devices but 3 are in use"):
-    sharding.make_mesh({"data": 1, "cpu_devices": 1}, devices=[Gpu(), Gpu(), Gpu()])
+  with pytest.raises(ValueError, match="needs 1 devices but 3 are in use"):  # an accelerator's: all kept
+    sharding.make_mesh({"data": 1, "cpu_devices": 1}, devices=[Fake("gpu") for _ in range(3)])
+  # several processes (multi-host): each keeps its own first cpu_devices
+  hosts = [Fake("cpu", p) for p in (0, 0, 0, 1, 1, 1)]
+  with pytest.raises(ValueError, match="needs 3 devices but 4 are in use"):
+    sharding.make_mesh({"data": 3, "cpu_devices": 2}, devices=hosts)
   with pytest.raises(ValueError, match="needs 2 devices but 1 are in use"):
     sharding.make_mesh({"data": 2, "cpu_devices": 1})

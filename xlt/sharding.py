@@ -2,7 +2,8 @@
 
 The mesh has three axes, sized by the config (`mesh.data`, `mesh.fsdp`, `mesh.tensor`;
 one of them may be -1 = "all remaining devices"; `mesh.devices` > 0 uses only the first
-that many devices, `mesh.cpu_devices` > 0 only the first that many when they are CPU devices):
+that many devices, `mesh.cpu_devices` > 0 only each process's first that many when they are
+CPU devices):
   data:   batch only (parameters replicated)
   fsdp:   batch, and parameters sharded along `embed`
   tensor: attention heads and MLP width (Megatron-style)
@@ -12,6 +13,7 @@ never sharded.
 
 from __future__ import annotations
 
+import collections
 import math
 from typing import Sequence
 
@@ -58,7 +60,7 @@ def mesh_shape(spec: dict, num_devices: int) -> tuple[int, ...]:
 
 def make_mesh(spec: dict, devices: Sequence[jax.Device] | None = None) -> Mesh:
   """A mesh over `devices` (default: all, or the first `spec["devices"]` when set > 0; on a
-  CPU, at most `spec["cpu_devices"]` when set > 0)."""
+  CPU, at most `spec["cpu_devices"]` of each process's when set > 0)."""
   devices = list(devices if devices is not None else jax.devices())
   n = int(spec.get("devices", -1))
   if n > len(devices):
@@ -66,10 +68,16 @@ def make_mesh(spec: dict, devices: Sequence[jax.Device] | None = None) -> Mesh:
   devices = devices[:n] if n > 0 else devices
   # xlt.cpu_devices splits a CPU's cores into devices for small models' chains of small ops; a
   # model whose products fill the cores on their own gains less from the split than it pays in
-  # the replicated optimizer update, the gradients' all-reduce and a state copy per device
+  # the replicated optimizer update, the gradients' all-reduce and a state copy per device.
+  # Per process: in a multi-host run every process keeps its first `cpu` devices.
   cpu = int(spec.get("cpu_devices", -1))
   if cpu > 0 and devices[0].platform == "cpu":
-    devices = devices[:cpu]
+    kept, per_process = [], collections.Counter()
+    for d in devices:
+      per_process[d.process_index] += 1
+      if per_process[d.process_index] <= cpu:
+        kept.append(d)
+    devices = kept
   shape = mesh_shape(spec, len(devices))
   return Mesh(np.asarray(devices).reshape(shape), AXES)
 
