@@ -28,8 +28,8 @@ def train(**overrides) -> ml_collections.ConfigDict:
   but not before `min_steps`). `ensemble`: how members train together (xlt.ensemble: auto =
   lax.map on CPU, each member's step data-parallel over the devices; vmap on accelerators).
   `update`: where a mapped step's optimizer update runs (xlt.train.ensemble_step): "map" (exact:
-  the committed results bit for bit) or "auto" (vmapped over the stacked state, in place: the
-  small Llama's full step ~6% faster on a CPU, the same values to float rounding)."""
+  the committed results bit for bit) or "auto" (vmapped over the stacked state, in place; the
+  same values to float rounding; its speed: docs/speed.md)."""
   return _dict(dict(batch_size=64, steps=1000, grad_accum=1, eval_every=100, patience=5,
                     min_delta=0.005, target_score=1.0, min_steps=0, log_every=50,
                     checkpoint_every=500, ensemble="auto", update="map"), overrides)

@@ -27,7 +27,7 @@ def _batch(i, member=0):
   return {"tokens": rng.integers(0, 16, (4, 8)).astype(np.int32), "loss_mask": np.ones((4, 7), np.float32)}
 
 
-GRAD = jax.jit(lambda p, b: train_lib._grads(CFG, p, b, 1)[1])
+GRAD = jax.jit(lambda p, b: train_lib._mean(*train_lib._grad_sums(CFG, p, b, 1))[1])
 
 
 _JITTED = {}  # one compiled update per optimizer object (tests share the slow compiles)

@@ -139,7 +139,7 @@ def test_vmapped_update_copies_no_state(mode, seeds):
 
 @pytest.mark.parametrize("mode", ["full", "lora", "static", "gated"])
 def test_update_where_it_runs_keeps_the_results(mode):
-  """`update="auto"` against the update in the map (the step before commit 69e0de8), three steps
+  """`update="auto"` against the update in the map (the default), three steps
   of two members on a 2-device data mesh: the vmapped update agrees to float rounding and leaves
   what it does not train bit for bit; a gated step keeps the update in the map (the same
   program, bit for bit)."""

@@ -43,7 +43,7 @@ def resolve(strategy: str = "auto", platform: str | None = None) -> str:
   return "map" if (platform or jax.default_backend()) == "cpu" else "vmap"
 
 
-def over_members(fn: Callable, strategy: str, mesh=None) -> Callable:
+def over_members(fn: Callable, strategy: str) -> Callable:
   """`fn(*args)` of one member -> a function of stacked args [E, ...] (every positional
   argument carries the ensemble axis), computed as `strategy` ("vmap" or "map") says."""
   if strategy == "vmap":

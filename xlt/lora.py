@@ -164,7 +164,7 @@ def apply(cfg: model_lib.Config, composite, tokens_BxT, cache=None, pos=0, dropo
     x_in = x.reshape(*lead, a.shape[1]).astype(dt)
     # xlt.matmul.dense: the adapters' gradients contract the tokens, which XLA:CPU would run
     # by writing the projection's whole output gradient transposed
-    lr = _product(_product(x_in, a.T.astype(dt)), _cotangent_barrier((s * b).T.astype(dt)))
+    lr = matmul.product(matmul.product(x_in, a.T.astype(dt)), _cotangent_barrier((s * b).T.astype(dt)))
     return y + lr.reshape(y.shape).astype(y.dtype)
 
   used: set = set()
@@ -173,11 +173,6 @@ def apply(cfg: model_lib.Config, composite, tokens_BxT, cache=None, pos=0, dropo
   if unused := set(ab) - used:  # an adapter the model never reached would be silently lost
     raise ValueError(f"LoRA adapters for no projection of the model: {sorted(path_str(p) for p in unused)[:4]}")
   return out
-
-
-def _product(x, w):
-  """x [..., in] @ w [in, out]."""
-  return matmul.dense(x, w, (((x.ndim - 1,), (0,)), ((), ())))
 
 
 @jax.custom_vjp

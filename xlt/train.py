@@ -190,11 +190,6 @@ def _mean(total, count, grads):
   return total / count, jax.tree.map(lambda x: x / count, grads)
 
 
-def _grads(cfg, params, batch, accum: int, rebuild=lambda p: p, dropout_rng=None):
-  """Mean masked loss and its gradient with respect to `params` (`_grad_sums`, `_mean`)."""
-  return _mean(*_grad_sums(cfg, params, batch, accum, rebuild, dropout_rng))
-
-
 def member_grads(state: State, batch, *, cfg, tx, accum: int = 1):
   """One member's (sum of masked token losses, their count, the sum's gradients): with respect
   to the trained part (composite.split), and with a `static_freeze` tx to its trained leaves
@@ -248,8 +243,8 @@ def ensemble_step(state: State, batch, *, cfg, tx, accum: int = 1, strategy: str
   and new parameters each step (the small Llama's full step: 171 parameter-sized copies; one
   member too, where the map is inlined), where on the stacked arrays each moment and parameter
   is updated in place by one fusion (tests/test_train.py counts the copies). The loss sums are
-  divided in the update (`apply_grads`): commit cdf8d0a, which divided before the forward pass,
-  made some LoRA and frozen-partition steps about a third slower (in wall time, not CPU time)."""
+  divided in the update (`apply_grads`): dividing before the forward pass made some LoRA and
+  frozen-partition steps slower in wall time (docs/speed.md)."""
   if update not in ("auto", "map", "vmap"):
     raise ValueError(f"update {update!r}; expected auto, map or vmap")
   if strategy != "map" or update == "map" or (update == "auto" and "trainable" in batch):
