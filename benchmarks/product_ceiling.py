@@ -9,7 +9,9 @@ multiplies: every projection's forward product (q, k, v, o, gate, up, down, the 
 input gradient, the weight gradient of each trained matrix (full: all; static: the MLPs'),
 and LoRA's rank-8 products on the seven projections. Attention's products are left out: each
 tool runs its own attention kernel (PyTorch's sdpa fuses them) and they are under a tenth of
-the step's FLOPs at these shapes. Each distinct product is timed alone (median of repeated
+the step's FLOPs at these shapes. The last row is one 4096 x 4096 x 4096 product: the rate each
+library reaches on this machine's cores when the shape limits nothing, so the step's rates read
+as a share of what the machine gives (XLA's step products run at about that rate). Each distinct product is timed alone (median of repeated
 calls after one that compiles), in a fresh process per tool and round, rounds alternating
 which goes first: XLA on one CPU device using every core (the fine-tuning kind's mesh, a
 plain `a @ b`, and for a weight gradient `xlt.matmul.dense`'s backward pass, as the step
@@ -37,6 +39,9 @@ from benchmarks.compare import median_seconds, version  # noqa: E402
 from benchmarks.finetune_step import LORA, MODES, SHAPES  # noqa: E402
 
 TOOLS = ("xlt", "torch")
+# one large square product: the rate each library reaches on this machine when nothing limits
+# it but the cores, against which the step's products' rates read as a share of the attainable
+REFERENCE = ("mm", (4096, 4096, 4096))
 
 
 def products(shape: str, mode: str) -> list[tuple[str, tuple[int, int, int]]]:
@@ -128,7 +133,7 @@ def child(tool: str, keys: list, min_seconds: float) -> dict:
 
 
 def run_rounds(jobs: list[tuple[str, str]], rounds: int, min_seconds: float) -> list[dict]:
-  keys = sorted({(k, d) for s, mode in jobs for k, d in products(s, mode)})
+  keys = sorted({(k, d) for s, mode in jobs for k, d in products(s, mode)} | {REFERENCE})
   out = []
   with tempfile.TemporaryDirectory() as tmp:
     for r in range(rounds):
@@ -152,9 +157,10 @@ COLUMNS = ["shape", "mode", "products per step", "GFLOP per step", "xlt products
 
 
 def table_rows(jobs, rounds: list[dict]) -> list[list]:
+  """One row per (shape, mode), then REFERENCE's row (shape "4096^3 GEMM", mode "-")."""
   rows = []
-  for shape, mode in jobs:
-    prods = products(shape, mode)
+  for shape, mode in [*jobs, ("4096^3 GEMM", "-")]:
+    prods = [REFERENCE] if mode == "-" else products(shape, mode)
     per_tool = {t: statistics.median(sum(r[t]["seconds"][json.dumps([k, list(d)])] for k, d in prods)
                                      for r in rounds) for t in TOOLS}
     gflop = sum(flops(p) for p in prods) / 1e9

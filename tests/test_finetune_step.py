@@ -48,3 +48,19 @@ def test_product_ceiling_counts_a_steps_flops():
   r, fans = ft.LORA["rank"], 2 * h + 2 * h + 2 * (h + kv) + 3 * (h + m)  # sum of in + out over q, o, k, v, MLPs
   assert total("lora") == 4 * tokens * (n * (attn + mlp) + h * v) + 6 * tokens * r * n * fans
   assert len(pc.products("small", "full")) == n * 7 * 3 + 3
+
+
+def test_product_ceiling_table_ends_with_the_reference_gemm():
+  """The table's rows sum each job's products' median times; its last row is the 4096^3
+  product alone, whatever jobs ran."""
+  import json
+
+  from benchmarks import product_ceiling as pc
+
+  jobs = [("tiny", "full")]
+  keys = {(k, d) for k, d in pc.products("tiny", "full")} | {pc.REFERENCE}
+  fake = lambda s: {"seconds": {json.dumps([k, list(d)]): s for k, d in keys}}
+  rows = pc.table_rows(jobs, [{"xlt": fake(1e-3), "torch": fake(2e-3)}])
+  assert [r[:2] for r in rows] == [["tiny", "full"], ["4096^3 GEMM", "-"]]
+  assert rows[0][2] == len(pc.products("tiny", "full")) and rows[0][4] == round(rows[0][2] * 1.0, 1)
+  assert rows[1][2:7] == [1, round(2 * 4096**3 / 1e9, 2), 1.0, 2.0, 2.0]
