@@ -94,6 +94,12 @@ def shrink_testbed():
   return shrink
 
 
+# the merges of the testbed's data-aware and registry methods that `finished_testbed`'s run adds
+# as rows (merge.extra), for test_testbed_remerge
+DATA_AWARE_MERGES = ("tsv_m", "iso_c", "iso_cts", "consensus", "tall_mask expert=0", "magmax", "localize_and_stitch",
+                     "localize_and_stitch losses='data' steps=2", "regmean", "fisher")
+
+
 def finished_testbed_config(shrink):
   """The config of `finished_testbed`'s run (`shrink`: the shrink_testbed fixture's function)."""
   from configs import merge as merge_config
@@ -101,6 +107,8 @@ def finished_testbed_config(shrink):
   c = shrink(merge_config.get_config(), steps=4)
   c.num_seeds = 2
   c.partition.presets, c.simultaneous.presets = ("C",), ()
+  c.merge.extra = DATA_AWARE_MERGES
+  c.merge.statistics = {"examples": 16, "batch_size": 8, "loss_examples": 8}
   return c
 
 
@@ -128,8 +136,10 @@ def built_once(tmp_path_factory, name: str, build) -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def finished_testbed(shrink_testbed, tmp_path_factory):
-  """A finished tiny testbed run (2 seeds, preset [C] only, 4 steps a stage) that tests only
-  read (the structure command and kind, bases_from), trained once per session (`built_once`)."""
+  """A finished tiny testbed run (2 seeds, preset [C] only, 4 steps a stage, the data-aware
+  merges as extra rows) that tests only read (the structure command and kind, bases_from, the
+  re-merge), trained once per session (`built_once`): one testbed run for all of them, since
+  training and compiling one was most of each such test's time."""
   from xlt import runner
 
   return built_once(tmp_path_factory, "finished_testbed", lambda workdir: runner.run(

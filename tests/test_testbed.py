@@ -19,7 +19,9 @@ from xlt.experiments.testbed import plan as testbed_plan
 
 @pytest.fixture
 def tiny(shrink_testbed):
-  c = shrink_testbed(merge_peft.get_config())  # every recipe: the default's, and the second config's
+  # every recipe: the default's, and the second config's; 4 steps a stage, as finished_testbed's
+  # run (conftest): their base stages compile the same programs, compiled once a session
+  c = shrink_testbed(merge_peft.get_config(), steps=4)
   c.name = "merge_testbed"
   c.num_seeds = 2
   c.lora.rank, c.lora.presets, c.lora.swaps = 2, ("C",), ("1,1,0",)
@@ -179,6 +181,7 @@ def test_bases_from_reruns_the_recipes_on_a_finished_runs_bases(finished_testbed
   first = json.loads((finished_testbed / "results.json").read_text())
   again = finished_testbed_config(shrink_testbed)
   again.bases_from = str(finished_testbed)
+  again.merge.extra = ()  # what is rerun on the bases is checked here, not the extra merges (test_testbed_remerge)
   rows = runner.run(again, str(tmp_path / "again"), progress=False)
   for name in ("best_params.npz", "metrics.jsonl"):  # taken whole, and not trained again
     assert (tmp_path / "again" / "base" / name).read_bytes() == (finished_testbed / "base" / name).read_bytes()

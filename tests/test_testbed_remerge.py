@@ -7,14 +7,12 @@ import os
 import numpy as np
 import pytest
 
-from conftest import built_once
+from conftest import DATA_AWARE_MERGES, finished_testbed_config
 from configs import merge as merge_config
-from xlt import runner
 from xlt.experiments.testbed import remerge
 from xlt.experiments.testbed import statistics as testbed_statistics
 
-NEW = ("tsv_m", "iso_c", "iso_cts", "consensus", "tall_mask expert=0", "magmax", "localize_and_stitch",
-       "localize_and_stitch losses='data' steps=2", "regmean", "fisher")
+NEW = DATA_AWARE_MERGES
 
 
 def test_input_mask_keeps_the_positions_up_to_the_last_target():
@@ -43,16 +41,11 @@ def test_statistics_settings_and_placeholders():
 
 
 @pytest.fixture(scope="module")
-def finished(shrink_testbed, tmp_path_factory):
-  """A tiny finished testbed run whose merges include every method of NEW as a row, trained
-  once per session (conftest.built_once): (config, workdir, its rows)."""
-  c = shrink_testbed(merge_config.get_config(), examples=20, tests=8)
-  c.num_seeds, c.partition.presets, c.merge.swaps = 2, ("C",), ("1,1,0",)
-  c.merge.extra = NEW
-  c.merge.statistics = {"examples": 16, "batch_size": 8, "loss_examples": 8}
-  workdir = built_once(tmp_path_factory, "remerge_run", lambda w: runner.run(c, str(w), progress=False))
-  with open(workdir / "results.json", encoding="utf-8") as f:  # the rows runner.run returned
-    return c, str(workdir), json.load(f)
+def finished(finished_testbed, shrink_testbed):
+  """The session's tiny finished testbed run (conftest.finished_testbed), whose merges include
+  every method of NEW as a row: (config, workdir, its rows)."""
+  with open(finished_testbed / "results.json", encoding="utf-8") as f:  # the rows runner.run returned
+    return finished_testbed_config(shrink_testbed), str(finished_testbed), json.load(f)
 
 
 def test_every_new_method_is_a_testbed_row(finished):
