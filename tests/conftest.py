@@ -40,6 +40,23 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # so configs/ and xlt/ import from a plain checkout
 
 
+# The modules with the suite's longest tests (end-to-end runs: several processes, a notebook, a
+# testbed, 15-90 s each), longest first, collected before the others (which keep their order).
+# pytest-xdist's worksteal hands each worker a contiguous share of the collection and lets an
+# idle worker take the end of another's queue: with these first, the long runs start at once and
+# the run ends on short tests, instead of one worker finishing a long test last while the other
+# has nothing left to take; and the tests that read one run built once (`finished_testbed`, the
+# multi-host runs) sit in one worker's share, so the other does not wait on its lock.
+FIRST = ("test_multihost.py", "test_notebooks.py", "test_testbed.py", "test_structure.py", "test_testbed_remerge.py",
+         "test_structure_experiment.py", "test_testbed_regimes.py", "test_synthetic.py", "test_testbed_text.py",
+         "test_grid.py", "test_llama_e2e.py", "test_finetune_peft.py", "test_finetune.py", "test_train.py")
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: i for i, name in enumerate(FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: each module stays in one piece
+
+
 @pytest.fixture
 def graph_config():
   """configs/graph.py shrunk to a model and budget that train in seconds."""
