@@ -53,11 +53,27 @@ def uninterrupted(tmp_path_factory):
   return c, cfg, members, jax.device_get(out["state"])
 
 
+@pytest.fixture(scope="module")
+def stopped(uninterrupted, tmp_path_factory):
+  """The same run stopped after step 8 (checkpoints 4 and 8), trained once for the module: each
+  test damages a copy of its workdir. (its step, the workdir)"""
+  c, cfg, members, _ = uninterrupted
+  workdir = tmp_path_factory.mktemp("stopped")
+  part = loop.train_ensemble(c, cfg, members, None, str(workdir), stop_after=8, progress=False)
+  return part["step"], workdir
+
+
+def _copy_of(stopped, tmp_path):
+  step, workdir = stopped
+  assert step == 8
+  shutil.copytree(workdir, tmp_path, dirs_exist_ok=True)
+  return tmp_path
+
+
 @pytest.mark.parametrize("damage", [_truncate, _remove_one, _empty], ids=["truncated", "missing_file", "emptied"])
-def test_damaged_newest_checkpoint_resumes_from_older(uninterrupted, tmp_path, damage, capfd):
+def test_damaged_newest_checkpoint_resumes_from_older(uninterrupted, stopped, tmp_path, damage, capfd):
   c, cfg, members, full = uninterrupted
-  part = loop.train_ensemble(c, cfg, members, None, str(tmp_path), stop_after=8, progress=False)
-  assert part["step"] == 8
+  _copy_of(stopped, tmp_path)
   ckpt = tmp_path / "ckpt"
   assert sorted(os.listdir(ckpt)) == ["4", "8"]
   damage(str(ckpt / "8"))
@@ -74,9 +90,9 @@ def test_damaged_newest_checkpoint_resumes_from_older(uninterrupted, tmp_path, d
     assert (ckpt / "8.damaged").is_dir()
 
 
-def test_every_checkpoint_damaged_is_a_clear_error(uninterrupted, tmp_path):
+def test_every_checkpoint_damaged_is_a_clear_error(uninterrupted, stopped, tmp_path):
   c, cfg, members, _ = uninterrupted
-  loop.train_ensemble(c, cfg, members, None, str(tmp_path), stop_after=8, progress=False)
+  _copy_of(stopped, tmp_path)
   for step in ("4", "8"):
     _truncate(str(tmp_path / "ckpt" / step))
   with pytest.raises(checkpoint.CheckpointError, match=r"no checkpoint in .* can be restored.*start the run fresh"):
