@@ -3,6 +3,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from conftest import small_graph_config
 from xlt import ensemble, lora, loop, model, param_paths, partition, sharding
 from xlt import train as train_lib
 from xlt.data import common
@@ -34,17 +35,25 @@ def test_training_lowers_the_loss(graph_config, tmp_path):
   assert out["finished"] and out["step"] == 60
 
 
+@pytest.fixture(scope="module")
+def separate_runs(tmp_path_factory):
+  """The final parameters of each of `_members`' two members trained alone (one member: the
+  default strategy), the reference of both strategies' ensembles: trained once for the module."""
+  c = small_graph_config()
+  c.train.ensemble = "auto"
+  cfg, members = _members(c, (0, 1))
+  return [jax.device_get(loop.train_ensemble(c, cfg, [m], None, str(tmp_path_factory.mktemp(m.name)),
+                                             progress=False)["state"]["params"]) for m in members]
+
+
 @pytest.mark.parametrize("strategy", ["vmap", "map"])
-def test_ensemble_matches_separate_runs(graph_config, tmp_path, strategy):
+def test_ensemble_matches_separate_runs(graph_config, tmp_path, strategy, separate_runs):
   graph_config.train.ensemble = strategy
-  seeds = (0, 1)
-  cfg, members = _members(graph_config, seeds)
+  cfg, members = _members(graph_config, (0, 1))
   together = loop.train_ensemble(graph_config, cfg, members, None, str(tmp_path / "both"), progress=False)
-  graph_config.train.ensemble = "auto"  # one member alone: the default
-  for i, m in enumerate(members):
-    alone = loop.train_ensemble(graph_config, cfg, [m], None, str(tmp_path / m.name), progress=False)
+  for i, alone in enumerate(separate_runs):
     _assert_trees_close(jax.tree.map(lambda x: x[i], together["state"]["params"]),
-                        jax.tree.map(lambda x: x[0], alone["state"]["params"]), rtol=1e-4, atol=1e-5)
+                        jax.tree.map(lambda x: x[0], alone), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("mesh_spec", [{"data": 8}, {"data": 2, "fsdp": 2, "tensor": 2}, {"fsdp": 4, "tensor": 2}])
