@@ -309,7 +309,7 @@ def table_rows(report: dict) -> list[list]:
   return out
 
 
-def _pick(value: str, allowed, what: str) -> list[str]:
+def pick(value: str, allowed, what: str) -> list[str]:
   names = [v for v in value.split(",") if v]
   unknown = sorted(set(names) - set(allowed))
   if unknown or not names:
@@ -319,7 +319,7 @@ def _pick(value: str, allowed, what: str) -> list[str]:
 
 def main(a) -> None:
   t_start = time.perf_counter()
-  shapes, modes = _pick(a.shapes, SHAPES, "shapes"), _pick(a.modes, MODES, "modes")
+  shapes, modes = pick(a.shapes, SHAPES, "shapes"), pick(a.modes, MODES, "modes")
   timing = (dict(warmup=1, steps=2, min_seconds=0.0) if a.quick else
             dict(warmup=a.warmup, steps=a.steps, min_seconds=a.min_seconds))
   for shape in shapes:

@@ -36,7 +36,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import results_file  # noqa: E402  (neither imports jax nor torch)
 from benchmarks.compare import median_seconds, version  # noqa: E402
-from benchmarks.finetune_step import LORA, MODES, SHAPES  # noqa: E402
+from benchmarks.finetune_step import LORA, MODES, SHAPES, pick  # noqa: E402
 
 TOOLS = ("xlt", "torch")
 # one large square product: the rate each library reaches on this machine when nothing limits
@@ -172,10 +172,7 @@ def table_rows(jobs, rounds: list[dict]) -> list[list]:
 
 def main(a) -> None:
   t_start = time.perf_counter()
-  jobs = [(s, m) for s in a.shapes.split(",") for m in a.modes.split(",")]
-  for s, m in jobs:
-    if s not in SHAPES or m not in MODES:
-      sys.exit(f"unknown shape or mode {s}/{m}: shapes {', '.join(SHAPES)}; modes {', '.join(MODES)}")
+  jobs = [(s, m) for s in pick(a.shapes, SHAPES, "shapes") for m in pick(a.modes, MODES, "modes")]
   rounds = run_rounds(jobs, a.rounds, a.min_seconds)
   rows = table_rows(jobs, rounds)
   print("| " + " | ".join(COLUMNS) + " |")

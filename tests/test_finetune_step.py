@@ -28,7 +28,7 @@ def test_rows_take_medians_and_paired_ratios():
 
 def test_unknown_shape_is_one_line():
   with pytest.raises(SystemExit, match="unknown --shapes"):
-    ft._pick("tiny,huge", ft.SHAPES, "shapes")
+    ft.pick("tiny,huge", ft.SHAPES, "shapes")
 
 
 def test_product_ceiling_counts_a_steps_flops():
