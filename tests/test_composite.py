@@ -12,6 +12,9 @@ import pytest
 from xlt import composite, lora, model, neurons, sharding, train
 from xlt.param_paths import path_names
 
+# compiled: run eagerly, each of its ops compiles as a program of its own (seconds a call)
+apply, lora_apply, composite_apply = (jax.jit(f, static_argnums=0) for f in (model.apply, lora.apply, composite.apply))
+
 CFG = model.Config(vocab_size=16, block_size=8, num_layers=2, num_heads=2, d_model=8)
 TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 16, (3, 6)), jnp.int32)
 
@@ -53,12 +56,12 @@ def test_apply_is_each_kinds_forward(dropout):
   cfg = dataclasses.replace(CFG, dropout=0.3) if dropout else CFG
   rng = jax.random.key(5) if dropout else None
   p = params()
-  _equal(composite.apply(cfg, p, TOKENS, rng), model.apply(cfg, p, TOKENS, dropout_rng=rng))
+  _equal(composite_apply(cfg, p, TOKENS, rng), apply(cfg, p, TOKENS, dropout_rng=rng))
   comp = lora_composite(p)
-  want = lora.apply(cfg, comp, TOKENS, dropout_rng=rng)
-  _equal(composite.apply(cfg, comp, TOKENS, rng), want)
-  assert not np.allclose(np.asarray(want[0]), np.asarray(model.apply(cfg, p, TOKENS, dropout_rng=rng)[0]))
-  _equal(composite.apply(cfg, neuron_composite(p), TOKENS, rng), model.apply(cfg, p, TOKENS, dropout_rng=rng))
+  want = lora_apply(cfg, comp, TOKENS, dropout_rng=rng)
+  _equal(composite_apply(cfg, comp, TOKENS, rng), want)
+  assert not np.allclose(np.asarray(want[0]), np.asarray(apply(cfg, p, TOKENS, dropout_rng=rng)[0]))
+  _equal(composite_apply(cfg, neuron_composite(p), TOKENS, rng), apply(cfg, p, TOKENS, dropout_rng=rng))
 
 
 def test_split_trains_each_kinds_part():
@@ -125,9 +128,9 @@ def _opt():
 def test_loss_is_the_kinds_forward_loss():
   batch = {"tokens": TOKENS, "loss_mask": jnp.ones((3, 5), jnp.float32)}
   p = params()
-  for comp, forward in ((p, lambda: model.apply(CFG, p, TOKENS[:, :-1])),
-                        (lora_composite(p), lambda: lora.apply(CFG, lora_composite(p), TOKENS[:, :-1])),
-                        (neuron_composite(p), lambda: model.apply(CFG, p, TOKENS[:, :-1]))):
+  for comp, forward in ((p, lambda: apply(CFG, p, TOKENS[:, :-1])),
+                        (lora_composite(p), lambda: lora_apply(CFG, lora_composite(p), TOKENS[:, :-1])),
+                        (neuron_composite(p), lambda: apply(CFG, p, TOKENS[:, :-1]))):
     logits, _ = forward()
     logp = jax.nn.log_softmax(logits)
     want = -jnp.take_along_axis(logp, TOKENS[:, 1:, None], -1).sum()

@@ -116,10 +116,11 @@ def test_perplexity_equals_direct_nll(tiny):
   words = " ".join(f"w{(7 * i) % 60}" for i in range(70))
   got = generate.perplexity(cfg, params, tok, words, block=16, batch=3)
   ids = tok.encode(words)
+  forward = jax.jit(lambda x: model_lib.apply(cfg, params, x))  # eagerly: an op at a time
   nll, count = 0.0, 0
   for start in range(0, len(ids) - 1, 16):  # each chunk of 16 targets from its own start
     chunk = ids[start:start + 17]
-    logits, _ = model_lib.apply(cfg, params, jnp.asarray([chunk[:-1]], jnp.int32))
+    logits, _ = forward(jnp.asarray([chunk[:-1]], jnp.int32))
     logp = jax.nn.log_softmax(logits[0].astype(jnp.float64) if jax.config.jax_enable_x64 else logits[0])
     nll -= float(sum(logp[t, chunk[t + 1]] for t in range(len(chunk) - 1)))
     count += len(chunk) - 1

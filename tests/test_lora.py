@@ -10,6 +10,9 @@ import pytest
 from xlt import lora, merge, model, partition, train
 from xlt.param_paths import path_names
 
+# compiled: run eagerly, each of its ops compiles as a program of its own (seconds a call)
+apply, lora_apply = (jax.jit(f, static_argnums=0) for f in (model.apply, lora.apply))
+
 CFG = model.Config(vocab_size=16, block_size=8, num_layers=4, num_heads=2, d_model=8)
 TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 16, (3, 6)), jnp.int32)
 
@@ -35,8 +38,8 @@ def test_zero_b_equals_the_base_exactly():
   assert adapters["block_0"]["attn"]["proj"]["kernel"]["a"].shape == (2, 8)  # in = H*K
   assert adapters["block_3"]["mlp"]["fc"]["kernel"]["b"].shape == (32, 2)
   assert "lm_head" not in adapters and "wte" not in adapters  # projections only
-  want, _ = model.apply(CFG, params, TOKENS)
-  got, _ = lora.apply(CFG, {"base": params, "lora": adapters}, TOKENS)
+  want, _ = apply(CFG, params, TOKENS)
+  got, _ = lora_apply(CFG, {"base": params, "lora": adapters}, TOKENS)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   for w, m in zip(jax.tree.leaves(params), jax.tree.leaves(lora.merge_into(params, adapters))):
     np.testing.assert_array_equal(np.asarray(m), np.asarray(w))
@@ -46,9 +49,9 @@ def test_merged_in_lora_equals_the_adapter_forward():
   params = base()
   adapters = with_random_b(lora.init(params, jax.random.key(1), rank=3, alpha=2.0))
   merged = lora.merge_into(params, adapters)
-  want, _ = lora.apply(CFG, {"base": params, "lora": adapters}, TOKENS)
-  got, _ = model.apply(CFG, merged, TOKENS)
-  assert not np.allclose(np.asarray(want), np.asarray(model.apply(CFG, params, TOKENS)[0]), atol=1e-3)
+  want, _ = lora_apply(CFG, {"base": params, "lora": adapters}, TOKENS)
+  got, _ = apply(CFG, merged, TOKENS)
+  assert not np.allclose(np.asarray(want), np.asarray(apply(CFG, params, TOKENS)[0]), atol=1e-3)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
   # the merged kernel is W + s * (b @ a) in the [out, in] rows view, here for mlp/fc ([D, F])
   ab = adapters["block_1"]["mlp"]["fc"]["kernel"]
@@ -198,15 +201,15 @@ def test_pretrained_projections_get_adapters():
                     "attn/proj": ((2, h * k), (d, 2)), "mlp/gate": ((2, d), (f, 2)), "mlp/up": ((2, d), (f, 2)),
                     "mlp/proj": ((2, f), (d, 2))}  # [r, in], [out, r]
   tokens = jnp.asarray([[1, 5, 9, 7, 30, 2]], jnp.int32)
-  want, _ = model.apply(cfg, params, tokens)
-  got, _ = lora.apply(cfg, {"base": params, "lora": adapters}, tokens)
+  want, _ = apply(cfg, params, tokens)
+  got, _ = lora_apply(cfg, {"base": params, "lora": adapters}, tokens)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # b = 0: the base exactly
   adapters = with_random_b(adapters)
-  merged, _ = model.apply(cfg, lora.merge_into(params, adapters), tokens)
-  forward, _ = lora.apply(cfg, {"base": params, "lora": adapters}, tokens)
+  merged, _ = apply(cfg, lora.merge_into(params, adapters), tokens)
+  forward, _ = lora_apply(cfg, {"base": params, "lora": adapters}, tokens)
   assert not np.allclose(np.asarray(forward), np.asarray(want), atol=1e-3)
   np.testing.assert_allclose(np.asarray(merged), np.asarray(forward), atol=2e-5, rtol=1e-5)
-  dec, _ = lora.apply(cfg, {"base": params, "lora": adapters}, tokens, model.init_cache(cfg, 1, 8), 0)
+  dec, _ = lora_apply(cfg, {"base": params, "lora": adapters}, tokens, model.init_cache(cfg, 1, 8), 0)
   np.testing.assert_allclose(np.asarray(dec), np.asarray(forward), atol=2e-5)
   composite = {"base": params, "lora": adapters}
   tx = train.make_optimizer(opt_config())
@@ -236,7 +239,7 @@ def test_adapter_gradients_leave_the_output_gradients_untransposed(autodiff_prod
   tokens = TOKENS.size  # 18; the projections' outputs: qkv 24, fc 32, proj 8
   for out in (24, 32, 8):
     assert not re.findall(rf"f32\[{out},({tokens}|{TOKENS.shape[0]},{TOKENS.shape[1]})\]", hlo), out
-  got = jax.grad(f)(trained)
+  got = jax.jit(jax.grad(f))(trained)
   autodiff_products()
-  want = jax.grad(f)(trained)
+  want = jax.jit(jax.grad(f))(trained)  # a fresh function (jax.grad's), traced with the patch
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), got, want)

@@ -8,6 +8,11 @@ import pytest
 
 from xlt import ensemble_decode, matmul, model, param_paths
 
+# model.apply compiled. Run eagerly, each of its ops compiles as a program of its own: 10-15 s a
+# test, most of this module's time. A test that monkeypatches what apply calls traces a fresh
+# function instead: jit caches this one's trace per argument shapes, and would not see the patch.
+apply = jax.jit(model.apply, static_argnums=0)
+
 
 def _param_count(v, t, l, d, tied=False):
   block = 4 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d)
@@ -50,8 +55,8 @@ def test_causality(pos_embedding):
   params = model.init_params(cfg, jax.random.key(1))
   x = jax.random.randint(jax.random.key(2), (2, 10), 0, 20)
   y = x.at[:, 6:].set((x[:, 6:] + 1) % 20)
-  lx, _ = model.apply(cfg, params, x)
-  ly, _ = model.apply(cfg, params, y)
+  lx, _ = apply(cfg, params, x)
+  ly, _ = apply(cfg, params, y)
   np.testing.assert_allclose(lx[:, :6], ly[:, :6], atol=1e-6)
   assert not np.allclose(lx[:, 6:], ly[:, 6:])
 
@@ -142,10 +147,10 @@ def test_dropout_only_when_training_with_an_rng():
   cfg = model.Config(vocab_size=40, block_size=16, num_layers=2, num_heads=2, d_model=16, dropout=0.5)
   params = model.init_params(cfg, jax.random.key(0))
   tokens = (jnp.arange(24).reshape(2, 12) * 7) % 40
-  plain, _ = model.apply(model.Config(**{**cfg.__dict__, "dropout": 0.0}), params, tokens)
-  evaluated, _ = model.apply(cfg, params, tokens)  # no rng: no dropout, exactly
+  plain, _ = apply(model.Config(**{**cfg.__dict__, "dropout": 0.0}), params, tokens)
+  evaluated, _ = apply(cfg, params, tokens)  # no rng: no dropout, exactly
   np.testing.assert_array_equal(np.asarray(evaluated), np.asarray(plain))
-  a, b, other = (model.apply(cfg, params, tokens, dropout_rng=jax.random.key(k))[0] for k in (1, 1, 2))
+  a, b, other = (apply(cfg, params, tokens, dropout_rng=jax.random.key(k))[0] for k in (1, 1, 2))
   np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the rng decides the masks
   assert not np.allclose(a, plain) and not np.allclose(a, other)
   # and decoding (evaluation) is the dropout-free model's
@@ -170,8 +175,8 @@ def test_causal_attention_and_its_gradient_equal_the_plain_softmax():
     return lambda *a: (f(*a) * jnp.arange(4.0)).sum()
 
   np.testing.assert_allclose(model.causal_attention(q, k, v, mask), plain(q, k, v), rtol=1e-5, atol=1e-6)
-  for g, g_plain in zip(jax.grad(loss(model.causal_attention), (0, 1, 2))(q, k, v, mask),
-                        jax.grad(loss(plain), (0, 1, 2))(q, k, v)):
+  for g, g_plain in zip(jax.jit(jax.grad(loss(model.causal_attention), (0, 1, 2)))(q, k, v, mask),
+                        jax.jit(jax.grad(loss(plain), (0, 1, 2)))(q, k, v)):
     # gradients are O(1); scores reach ~30, whose float32 rounding moves exp() by ~1e-5
     # (an AMD EPYC's matmul kernels differed from the plain order by 1.5e-5 in places)
     np.testing.assert_allclose(g, g_plain, rtol=1e-4, atol=1e-4)
@@ -187,7 +192,8 @@ def test_causal_attention_in_query_chunks_equals_one_chunk(chunks):
   loss = lambda n: lambda *a: (model.causal_attention(*a, mask, query_chunks=n) * jnp.arange(4.0)).sum()
   np.testing.assert_allclose(model.causal_attention(q, k, v, mask, query_chunks=chunks),
                              model.causal_attention(q, k, v, mask), rtol=1e-5, atol=1e-5)
-  for g, g_one in zip(jax.grad(loss(chunks), (0, 1, 2))(q, k, v), jax.grad(loss(1), (0, 1, 2))(q, k, v)):
+  grad = lambda n: jax.jit(jax.grad(loss(n), (0, 1, 2)))(q, k, v)
+  for g, g_one in zip(grad(chunks), grad(1)):
     np.testing.assert_allclose(g, g_one, rtol=1e-4, atol=1e-4)
 
 
@@ -210,9 +216,10 @@ def test_model_with_chunked_attention_equals_one_chunk(monkeypatch):
   cfg = model.Config(vocab_size=11, block_size=128, num_layers=2, num_heads=2, d_model=8)
   params = model.init_params(cfg, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 128), 0, 11)
-  chunked = model.apply(cfg, params, tokens)[0]
+  chunked = jax.jit(lambda t: model.apply(cfg, params, t)[0])(tokens)
   monkeypatch.setattr(matmul, "causal_query_chunks", lambda t: 1)
-  np.testing.assert_allclose(chunked, model.apply(cfg, params, tokens)[0], rtol=1e-5, atol=1e-5)
+  one = jax.jit(lambda t: model.apply(cfg, params, t)[0])(tokens)  # a fresh function: traced with the patch
+  np.testing.assert_allclose(chunked, one, rtol=1e-5, atol=1e-5)
 
 
 def test_attention_benchmark_variants_compute_xlts_attention():
@@ -241,14 +248,14 @@ def test_dense_product_and_its_gradients_equal_lax(x_shape, w_shape, autodiff_pr
   weights = jax.random.normal(jax.random.key(2), x_shape[:-n] + w_shape[n:])
   loss = lambda f: (lambda x, w: (f(x, w, dims) * weights).sum())
   np.testing.assert_allclose(matmul.dense(x, w, dims), jax.lax.dot_general(x, w, dims), rtol=1e-6)
-  got = jax.grad(loss(matmul.dense), (0, 1))(x, w)
-  want = jax.grad(loss(jax.lax.dot_general), (0, 1))(x, w)
+  got = jax.jit(jax.grad(loss(matmul.dense), (0, 1)))(x, w)
+  want = jax.jit(jax.grad(loss(jax.lax.dot_general), (0, 1)))(x, w)
   for g, g_want in zip(got, want):
     assert g.shape == g_want.shape and g.dtype == g_want.dtype
     np.testing.assert_allclose(g, g_want, rtol=1e-5, atol=1e-5)
   xs, ws = jnp.stack([x, 2 * x]), jnp.stack([w, -w])
-  got = jax.vmap(jax.grad(loss(matmul.dense), (0, 1)))(xs, ws)
-  want = jax.vmap(jax.grad(loss(jax.lax.dot_general), (0, 1)))(xs, ws)
+  got = jax.jit(jax.vmap(jax.grad(loss(matmul.dense), (0, 1))))(xs, ws)
+  want = jax.jit(jax.vmap(jax.grad(loss(jax.lax.dot_general), (0, 1))))(xs, ws)
   for g, g_want in zip(got, want):
     np.testing.assert_allclose(g, g_want, rtol=1e-5, atol=1e-5)
   # the model's parameters get the same gradient through it as through lax.dot_general
@@ -256,9 +263,9 @@ def test_dense_product_and_its_gradients_equal_lax(x_shape, w_shape, autodiff_pr
   params = model.init_params(cfg, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(3), (2, 8), 0, 11)
   f = lambda p: model.apply(cfg, p, tokens)[0].std()
-  got = jax.grad(f)(params)
+  got = jax.jit(jax.grad(f))(params)
   autodiff_products()
-  want = jax.grad(f)(params)
+  want = jax.jit(jax.grad(f))(params)  # a fresh function (jax.grad's), traced with the patch
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), got, want)
 
 
@@ -334,12 +341,12 @@ def test_hf_style_decode_with_cache_equals_full_forward(kv_heads):
   cfg = model.Config(**(_HF_STYLE | {"num_kv_heads": kv_heads}))
   params = jax.tree.map(lambda x: x + 0.1, model.init_params(cfg, jax.random.key(1)))  # norms away from 0
   toks = jax.random.randint(jax.random.key(2), (2, 12), 0, 24)
-  full, _ = model.apply(cfg, params, toks)
+  full, _ = apply(cfg, params, toks)
   cache = model.init_cache(cfg, 2, 12)
-  first, cache = model.apply(cfg, params, toks[:, :5], cache, 0)
+  first, cache = apply(cfg, params, toks[:, :5], cache, 0)
   steps = [first]
   for i in range(5, 12):
-    step, cache = model.apply(cfg, params, toks[:, i:i + 1], cache, i)
+    step, cache = apply(cfg, params, toks[:, i:i + 1], cache, i)
     steps.append(step)
   np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
   assert np.abs(full).max() <= 8.0  # the final soft-cap
@@ -349,8 +356,8 @@ def test_sliding_window_hides_tokens_beyond_it():
   cfg = model.Config(**(_HF_STYLE | {"num_layers": 1, "sliding_layers": None}))
   params = model.init_params(cfg, jax.random.key(1))
   x = jax.random.randint(jax.random.key(2), (1, 10), 0, 24)
-  lx, _ = model.apply(cfg, params, x)
-  ly, _ = model.apply(cfg, params, x.at[:, 4].set((x[:, 4] + 1) % 24))
+  lx, _ = apply(cfg, params, x)
+  ly, _ = apply(cfg, params, x.at[:, 4].set((x[:, 4] + 1) % 24))
   np.testing.assert_allclose(lx[:, 7:], ly[:, 7:], atol=1e-6)  # position 4 is out of 7's window of 3
   assert not np.allclose(lx[:, 4:7], ly[:, 4:7])
 
@@ -385,16 +392,16 @@ def test_left_padded_rows_equal_each_row_alone(options):
   lens = np.array([9, 4, 7])
   rows = [toks[r, :n] for r, n in enumerate(lens)]
   ids, valid = _left_pad(rows, 9)
-  padded, _ = model.apply(cfg, params, ids, valid_BxT=valid)
+  padded, _ = apply(cfg, params, ids, valid_BxT=valid)
   cache = model.init_cache(cfg, 3, 12, padded=True)
-  prefill, cache = model.apply(cfg, params, ids, cache, 0, valid_BxT=valid)
+  prefill, cache = apply(cfg, params, ids, cache, 0, valid_BxT=valid)
   steps = []
   for i in range(3):  # the rows' next tokens, in the same slots 9, 10, 11
-    step, cache = model.apply(cfg, params, toks[np.arange(3), lens + i][:, None], cache, 9 + i)
+    step, cache = apply(cfg, params, toks[np.arange(3), lens + i][:, None], cache, 9 + i)
     steps.append(step)
   for r, row in enumerate(rows):
     n = len(row)
-    alone, _ = model.apply(cfg, params, toks[r:r + 1, :n + 3])
+    alone, _ = apply(cfg, params, toks[r:r + 1, :n + 3])
     np.testing.assert_allclose(padded[r, 9 - n:], alone[0, :n], atol=1e-5)
     np.testing.assert_allclose(prefill[r, 9 - n:], alone[0, :n], atol=1e-5)
     np.testing.assert_allclose(np.concatenate(steps, 1)[r], alone[0, n:], atol=1e-5)
@@ -407,12 +414,12 @@ def test_all_valid_equals_no_padding_and_query_chunks():
   cfg = model.Config(vocab_size=24, block_size=160, num_layers=1, num_heads=2, d_model=16, pos_embedding="rope")
   params = model.init_params(cfg, jax.random.key(1))
   toks = np.asarray(jax.random.randint(jax.random.key(2), (2, 150), 1, 24))
-  plain, _ = model.apply(cfg, params, toks)
-  ones, _ = model.apply(cfg, params, toks, valid_BxT=np.ones_like(toks))
+  plain, _ = apply(cfg, params, toks)
+  ones, _ = apply(cfg, params, toks, valid_BxT=np.ones_like(toks))
   np.testing.assert_allclose(ones, plain, atol=1e-6)
   ids, valid = _left_pad([toks[0], toks[1, :100]], 150)
   cache = model.init_cache(cfg, 2, 150, padded=True)
-  padded, cache = model.apply(cfg, params, ids, cache, 0, valid_BxT=valid)
+  padded, cache = apply(cfg, params, ids, cache, 0, valid_BxT=valid)
   np.testing.assert_allclose(padded[1, 50:], plain[1, :100], atol=1e-5)
   np.testing.assert_array_equal(cache.valid_BxS, valid.astype(bool))
 

@@ -12,6 +12,9 @@ import pytest
 from xlt import decode, ensemble_decode, model, pretrained, sharding
 from xlt.io import hf_dir, tensor_files
 
+# compiled: run eagerly, each of its ops compiles as a program of its own (seconds a call)
+apply = jax.jit(model.apply, static_argnums=0)
+
 HF = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
 FAMILIES = sorted(os.listdir(HF))  # every fixture: each record of xlt.families has one (tests/test_families.py)
 DECODED = [f for f in FAMILIES if os.path.exists(os.path.join(HF, f, "greedy_ids.npy"))]
@@ -36,7 +39,7 @@ def _equal_trees(a, b):
 def test_logits_equal_transformers(family):
   path, ids, ref = _fixture(family)
   cfg, params = pretrained.load(path)
-  logits, _ = model.apply(cfg, params, ids)
+  logits, _ = apply(cfg, params, ids)
   assert np.abs(np.asarray(logits) - ref).max() <= 1e-4
 
 
@@ -100,7 +103,7 @@ def test_bfloat16_load_computes_in_bfloat16():
   cfg, params = pretrained.load(path, dtype="bfloat16")
   assert cfg.dtype == cfg.param_dtype == "bfloat16"
   assert all(x.dtype == np.dtype("bfloat16") for x in jax.tree.leaves(params))
-  logits, _ = model.apply(cfg, params, ids)
+  logits, _ = apply(cfg, params, ids)
   assert np.abs(np.asarray(logits) - ref).max() < 0.5
 
 
@@ -188,8 +191,8 @@ def test_left_padded_logits_equal_transformers(family):
   ids, mask, ref = _padded(family)
   cfg, params = pretrained.load(os.path.join(HF, family))
   ids = ids.astype(np.int32)
-  logits, _ = model.apply(cfg, params, ids, valid_BxT=mask)
-  prefill, _ = model.apply(cfg, params, ids, model.init_cache(cfg, 3, ids.shape[1] + 2, padded=True), 0,
+  logits, _ = apply(cfg, params, ids, valid_BxT=mask)
+  prefill, _ = apply(cfg, params, ids, model.init_cache(cfg, 3, ids.shape[1] + 2, padded=True), 0,
                            valid_BxT=mask)
   real = mask.astype(bool)
   assert np.abs(np.asarray(logits)[real] - ref[real]).max() <= 1e-4

@@ -14,6 +14,9 @@ import pytest
 from xlt import model, param_paths, pretrained, sharding
 from xlt.io import hf_dir, placement, tensor_files
 
+# compiled: run eagerly, each of its ops compiles as a program of its own (seconds a call)
+apply = jax.jit(model.apply, static_argnums=0)
+
 HF = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
 FAMILIES = sorted(os.listdir(HF))
 
@@ -147,7 +150,7 @@ def test_odd_vocab_tensor_sharded_equals_unsharded_and_saves_the_original(kind, 
   cfg, single = pretrained.load(path)
   assert cfg.vocab_padding == 0
   ids = np.random.default_rng(0).integers(0, 61, (4, 9)).astype(np.int32)
-  want = np.asarray(model.apply(cfg, single, ids)[0])
+  want = np.asarray(apply(cfg, single, ids)[0])
   for axes in ({"data": 2, "tensor": 4}, {"fsdp": 4, "tensor": 2}):
     mesh = sharding.make_mesh(axes)
     cfg8, sharded = pretrained.load(path, mesh=mesh)

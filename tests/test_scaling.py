@@ -14,6 +14,9 @@ from conftest import small_graph_config
 from xlt import attention, layers, model, pretrained, sharding
 from xlt import train as train_lib
 
+# compiled: run eagerly, each of its ops compiles as a program of its own (seconds a call)
+apply = jax.jit(model.apply, static_argnums=0)
+
 HF = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
 
 
@@ -60,17 +63,17 @@ def test_splash_kernel_in_the_interpreter_equals_xlts():
 @pytest.mark.parametrize("family", ["llama", "llama_kv1", "mistral", "qwen3", "gemma2"])
 def test_loaded_model_with_xla_attention_equals_xlts(family):
   cfg, params, ids = _load(family)
-  ref, _ = model.apply(dataclasses.replace(cfg, attention="xlt"), params, ids)
+  ref, _ = apply(dataclasses.replace(cfg, attention="xlt"), params, ids)
   xla = dataclasses.replace(cfg, attention="xla")  # gemma2's soft-capping falls back to xlt
-  np.testing.assert_allclose(model.apply(xla, params, ids)[0], ref, atol=1e-5)
+  np.testing.assert_allclose(apply(xla, params, ids)[0], ref, atol=1e-5)
   # left-padded prefill, then a decoding step (a mask with an offset into the cache)
   valid = np.ones(ids.shape, bool)
   valid[0, :2] = False
   outs = []
   for c in (cfg, xla):
     cache = model.init_cache(c, ids.shape[0], ids.shape[1] + 1, padded=True)
-    l0, cache = model.apply(c, params, ids, cache, 0, valid_BxT=valid)
-    l1, _ = model.apply(c, params, ids[:, -1:], cache, ids.shape[1])
+    l0, cache = apply(c, params, ids, cache, 0, valid_BxT=valid)
+    l1, _ = apply(c, params, ids[:, -1:], cache, ids.shape[1])
     outs.append((np.asarray(l0)[valid], np.asarray(l1)))
   for a, b in zip(*outs):
     np.testing.assert_allclose(a, b, atol=1e-5)
@@ -109,7 +112,7 @@ def test_remat_gradients_equal_plain_gradients(policy):
 
   def grads(c):
     loss = lambda p: model.apply(c, p, ids)[0].astype(jnp.float32).std()
-    return jax.grad(loss)(params)
+    return jax.jit(jax.grad(loss))(params)
 
   remat = dataclasses.replace(cfg, remat="block", remat_policy=policy)
   for a, b in zip(jax.tree.leaves(grads(cfg)), jax.tree.leaves(grads(remat))):
