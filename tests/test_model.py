@@ -33,6 +33,11 @@ def test_reference_addition_config_parameter_count():
   assert 2.3e6 < n < 2.6e6  # the reference reports ~2.5e6
 
 
+def test_count_params_of_a_stacked_ensemble_is_one_members():
+  stacked = {"a": jax.ShapeDtypeStruct((3, 4, 5), jnp.float32), "b": {"c": jnp.zeros((3, 2))}}
+  assert model.count_params(stacked) == 66 and model.count_params(stacked, stacked=True) == 22
+
+
 def test_param_paths_name_block_and_kind():
   cfg = model.Config(vocab_size=10, num_layers=2, num_heads=2, d_model=8)
   params = model.init_params(cfg, jax.random.key(0))

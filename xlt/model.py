@@ -406,8 +406,10 @@ def apply(cfg: Config, params, tokens_BxT, cache=None, pos=0, dropout_rng=None, 
   return GPT(cfg).apply({"params": params}, tokens_BxT, cache, pos, valid_BxT, rngs=rngs)
 
 
-def count_params(params) -> int:
-  return sum(x.size for x in jax.tree.leaves(params))
+def count_params(params, stacked: bool = False) -> int:
+  """The parameters' count; stacked: an ensemble's [E, ...] leaves, one member's count (from
+  the shapes: nothing is sliced, which on sharded leaves would compile a program per leaf)."""
+  return sum(x.size // (x.shape[0] if stacked else 1) for x in jax.tree.leaves(params))
 
 
 # (block index or None, module kind) of a parameter path: the rule lives in xlt.param_paths, which

@@ -152,7 +152,7 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
   rows = _rows(c, cells, records)
   table = results_lib.table(rows, metric, c.name, sweep=bool(c.get("sweep")))
   summary = {"task_info": task.info, "vocab_size": prep.cfg.vocab_size, "seq_len": task.seq_len,
-             "params_per_model": model_lib.count_params(params) // len(cells),  # one member's
+             "params_per_model": model_lib.count_params(params, stacked=True),
              "members": len(cells), "steps": out["step"], "train_tokens_per_s": out["tokens_per_s"]}
   return rows, table, summary
 

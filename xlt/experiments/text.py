@@ -444,7 +444,7 @@ def _summary(c, prep: Prep, done, workdir: str) -> dict:
       "languages": {role: language(specs, role) for role in ROLES},
       "corpora": {role: specs[role].path for role in ROLES},
       "vocab_size": prep.cfg.vocab_size, "block_size": int(c.model.block_size),
-      "params_per_model": sum(x.size // x.shape[0] for x in jax.tree.leaves(done.params)),
+      "params_per_model": model_lib.count_params(done.params, stacked=True),
       "members": len(members), "steps": out["step"],
       "stopped_at": {m.name: s for m, s in zip(members, out["stopped_at"])},
       "best_step": {m.name: s for m, s in zip(members, out["best_steps"])},
