@@ -11,9 +11,9 @@ and LoRA's rank-8 products on the seven projections. Attention's products are le
 tool runs its own attention kernel (PyTorch's sdpa fuses them) and they are under a tenth of
 the step's FLOPs at these shapes. The last row is one 4096 x 4096 x 4096 product: the rate each
 library reaches on this machine's cores when the shape limits nothing, so the step's rates read
-as a share of what the machine gives (XLA's step products run at about that rate). Each distinct product is timed alone (median of repeated
-calls after one that compiles), in a fresh process per tool and round, rounds alternating
-which goes first: XLA on one CPU device using every core (the fine-tuning kind's mesh, a
+as a share of what the machine gives (XLA's step products run at about that rate). Each
+distinct product is timed alone (median of repeated calls after one that compiles), in a
+fresh process per tool and round, rounds alternating which goes first: XLA on one CPU device using every core (the fine-tuning kind's mesh, a
 plain `a @ b`, and for a weight gradient `xlt.matmul.dense`'s backward pass, as the step
 runs it), PyTorch with `torch.set_num_threads(cores)` (`a @ b`, `x.T @ dy`). The table's
 ratio is PyTorch's products' time over xlt's: the most the step can lead by when both tools

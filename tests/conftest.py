@@ -57,6 +57,17 @@ def pytest_collection_modifyitems(items):
   items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: each module stays in one piece
 
 
+def compiled(fn):
+  """`fn` (a Config first, then arrays: model.apply, lora.apply, composite.apply) under jax.jit.
+  Run eagerly, each of the model's ops compiles as a program of its own: seconds a call, most of
+  the time of the tests that compared forwards. A test that monkeypatches what `fn` calls must
+  trace a fresh function instead: jit caches the trace per argument shapes and would not see
+  the patch."""
+  import jax
+
+  return jax.jit(fn, static_argnums=0)
+
+
 @pytest.fixture
 def graph_config():
   """configs/graph.py shrunk to a model and budget that train in seconds."""

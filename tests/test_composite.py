@@ -9,11 +9,11 @@ import ml_collections
 import numpy as np
 import pytest
 
+from conftest import compiled
 from xlt import composite, lora, model, neurons, sharding, train
 from xlt.param_paths import path_names
 
-# compiled: run eagerly, each of its ops compiles as a program of its own (seconds a call)
-apply, lora_apply, composite_apply = (jax.jit(f, static_argnums=0) for f in (model.apply, lora.apply, composite.apply))
+apply, lora_apply, composite_apply = compiled(model.apply), compiled(lora.apply), compiled(composite.apply)
 
 CFG = model.Config(vocab_size=16, block_size=8, num_layers=2, num_heads=2, d_model=8)
 TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 16, (3, 6)), jnp.int32)

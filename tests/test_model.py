@@ -6,12 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import compiled
 from xlt import ensemble_decode, matmul, model, param_paths
 
-# model.apply compiled. Run eagerly, each of its ops compiles as a program of its own: 10-15 s a
-# test, most of this module's time. A test that monkeypatches what apply calls traces a fresh
-# function instead: jit caches this one's trace per argument shapes, and would not see the patch.
-apply = jax.jit(model.apply, static_argnums=0)
+apply = compiled(model.apply)  # conftest: why, and what a patching test does instead
 
 
 def _param_count(v, t, l, d, tied=False):

@@ -9,11 +9,11 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import compiled
 from xlt import decode, ensemble_decode, model, pretrained, sharding
 from xlt.io import hf_dir, tensor_files
 
-# compiled: run eagerly, each of its ops compiles as a program of its own (seconds a call)
-apply = jax.jit(model.apply, static_argnums=0)
+apply = compiled(model.apply)
 
 HF = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
 FAMILIES = sorted(os.listdir(HF))  # every fixture: each record of xlt.families has one (tests/test_families.py)

@@ -11,11 +11,11 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import compiled
 from xlt import model, param_paths, pretrained, sharding
 from xlt.io import hf_dir, placement, tensor_files
 
-# compiled: run eagerly, each of its ops compiles as a program of its own (seconds a call)
-apply = jax.jit(model.apply, static_argnums=0)
+apply = compiled(model.apply)
 
 HF = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
 FAMILIES = sorted(os.listdir(HF))

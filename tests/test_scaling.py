@@ -9,13 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import small_graph_config
+from conftest import compiled, small_graph_config
 
 from xlt import attention, layers, model, pretrained, sharding
 from xlt import train as train_lib
 
-# compiled: run eagerly, each of its ops compiles as a program of its own (seconds a call)
-apply = jax.jit(model.apply, static_argnums=0)
+apply = compiled(model.apply)
 
 HF = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
 
