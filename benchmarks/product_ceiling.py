@@ -13,11 +13,14 @@ the step's FLOPs at these shapes. The last row is one 4096 x 4096 x 4096 product
 library reaches on this machine's cores when the shape limits nothing, so the step's rates read
 as a share of what the machine gives (XLA's step products run at about that rate). Each
 distinct product is timed alone (median of repeated calls after one that compiles), in a
-fresh process per tool and round, rounds alternating which goes first: XLA on one CPU device using every core (the fine-tuning kind's mesh, a
-plain `a @ b`, and for a weight gradient `xlt.matmul.dense`'s backward pass, as the step
-runs it), PyTorch with `torch.set_num_threads(cores)` (`a @ b`, `x.T @ dy`). The table's
-ratio is PyTorch's products' time over xlt's: the most the step can lead by when both tools
-spend nothing besides their products.
+fresh process per tool and round, rounds alternating which goes first: XLA on one CPU device
+using every core (the fine-tuning kind's mesh), PyTorch with `torch.set_num_threads(cores)`.
+Both hold the projections' weights [out, in] as torch's Linear does (the loaded model's
+`dense_layout="weight"`): a forward product is `x @ w.T`, an input gradient the plain
+`dy @ w`, a weight gradient `dy.T @ x` (xlt: `xlt.matmul.dense_t`'s backward pass, as the step
+runs it); LoRA's products are plain `a @ b` and `x.T @ dy` (xlt: `xlt.matmul.dense`'s). The
+table's ratio is PyTorch's products' time over xlt's: the most the step can lead by when both
+tools spend nothing besides their products.
 """
 
 from __future__ import annotations
@@ -46,8 +49,9 @@ REFERENCE = ("mm", (4096, 4096, 4096))
 
 def products(shape: str, mode: str) -> list[tuple[str, tuple[int, int, int]]]:
   """(kind, (M, K, N)) of every product of one step, repeated as often as the step runs it:
-  kind "mm" is [M, K] @ [K, N]; "wgrad" is a weight gradient x^T dy with x [K, M], dy [K, N]
-  (K the tokens)."""
+  kind "mm" is [M, K] @ [K, N]; "mt" is [M, K] @ w.T with w [N, K] (a projection's forward);
+  "wgrad" is a weight gradient x^T dy with x [K, M], dy [K, N] (K the tokens) of a LoRA
+  factor; "wgrad_t" a projection's, dy^T x with dy [K, M], x [K, N] ([out, in])."""
   spec = SHAPES[shape]
   c, tokens = spec["config"], spec["batch"] * spec["seq"]
   h, m, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
@@ -56,17 +60,17 @@ def products(shape: str, mode: str) -> list[tuple[str, tuple[int, int, int]]]:
   trained = {"full": set(layer), "static": {"gate", "up", "down"}, "lora": set()}[mode]
   out = []
   for name, (fan_in, fan_out) in layer.items():
-    one = [("mm", (tokens, fan_in, fan_out)), ("mm", (tokens, fan_out, fan_in))]  # forward, input gradient
+    one = [("mt", (tokens, fan_in, fan_out)), ("mm", (tokens, fan_out, fan_in))]  # forward, input gradient
     if name in trained:
-      one.append(("wgrad", (fan_in, tokens, fan_out)))
+      one.append(("wgrad_t", (fan_out, tokens, fan_in)))
     if mode == "lora":  # x A, (x A) B; their input gradients; dB, dA
       r = LORA["rank"]
       one += [("mm", (tokens, fan_in, r)), ("mm", (tokens, r, fan_out)), ("mm", (tokens, fan_out, r)),
               ("mm", (tokens, r, fan_in)), ("wgrad", (r, tokens, fan_out)), ("wgrad", (fan_in, tokens, r))]
     out += one * c["num_hidden_layers"]
-  out += [("mm", (tokens, h, vocab)), ("mm", (tokens, vocab, h))]  # the head and its input gradient
+  out += [("mt", (tokens, h, vocab)), ("mm", (tokens, vocab, h))]  # the head and its input gradient
   if mode == "full":
-    out.append(("wgrad", (h, tokens, vocab)))
+    out.append(("wgrad_t", (vocab, tokens, h)))
   return out
 
 
@@ -90,17 +94,22 @@ def _xlt_timers():
   from xlt import matmul
 
   mm = jax.jit(lambda a, b: a @ b)
-  # a dense layer's weight gradient as xlt's step takes it (xlt.matmul.dense's backward pass)
+  mt = jax.jit(lambda x, w: matmul.dense_t(x, w, 1))
+  # the weight gradients as xlt's step takes them (xlt.matmul's backward passes)
   wgrad = jax.jit(lambda x, dy: jax.vjp(lambda w: matmul.dense(x, w, (((1,), (0,)), ((), ()))),
                                         jnp.zeros((x.shape[1], dy.shape[1])))[1](dy)[0])
+  wgrad_t = jax.jit(lambda dy, x: jax.vjp(lambda w: matmul.dense_t(x, w, 1),
+                                          jnp.zeros((dy.shape[1], x.shape[1])))[1](dy)[0])
 
   def timer(kind, dims):
     m, k, n = dims
-    if kind == "mm":
-      a, b = jnp.ones((m, k)), jnp.ones((k, n))
-      return lambda: mm(a, b).block_until_ready()
-    x, dy = jnp.ones((k, m)), jnp.ones((k, n))
-    return lambda: wgrad(x, dy).block_until_ready()
+    if kind in ("mm", "mt"):
+      a, b = jnp.ones((m, k)), jnp.ones((k, n) if kind == "mm" else (n, k))
+      f = mm if kind == "mm" else mt
+      return lambda: f(a, b).block_until_ready()
+    a, b = jnp.ones((k, m)), jnp.ones((k, n))
+    f = wgrad if kind == "wgrad" else wgrad_t
+    return lambda: f(a, b).block_until_ready()
 
   return timer, {"jax": jax.__version__, "device": f"{jax.device_count()} CPU device"}
 
@@ -112,9 +121,9 @@ def _torch_timers():
 
   def timer(kind, dims):
     m, k, n = dims
-    if kind == "mm":
-      a, b = torch.ones(m, k), torch.ones(k, n)
-      return lambda: a @ b
+    if kind in ("mm", "mt"):
+      a, b = torch.ones(m, k), torch.ones(k, n) if kind == "mm" else torch.ones(n, k)
+      return (lambda: a @ b) if kind == "mm" else (lambda: a @ b.T)
     x, dy = torch.ones(k, m), torch.ones(k, n)
     return lambda: x.T @ dy
 

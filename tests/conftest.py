@@ -286,5 +286,7 @@ def autodiff_products(monkeypatch):
   def plain():
     monkeypatch.setattr(matmul, "_dense", lambda x, w, n, precision: jax.lax.dot_general(
         x, w, ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ()))))
+    monkeypatch.setattr(matmul, "_dense_t", lambda x, w, n, precision: jax.lax.dot_general(
+        x, w, ((tuple(range(x.ndim - n, x.ndim)), tuple(range(w.ndim - n, w.ndim))), ((), ()))))
 
   return plain

@@ -125,7 +125,7 @@ def test_finetune_end_to_end(finished, capsys):
   # a LoRA expert changed the projections' kernels only (its adapters merged in)
   lora_expert = _leaves(load("LoRA task expert"))
   moved = {p for p in b if not np.array_equal(lora_expert[p], b[p])}
-  assert moved and all(p[-1] == "kernel" and p[1] in ("attn", "mlp") for p in moved), moved
+  assert moved and all(p[-1] == "weight" and p[1] in ("attn", "mlp") for p in moved), moved
 
   # the same command again reuses the finished workdir
   again = runner.run(c, workdir, progress=False)
@@ -198,7 +198,7 @@ def test_declared_rules_and_the_recipes_they_add(tiny):
       "partial language expert [attn_language]", "simultaneous [attn_language] k=2"]
   _, base = pretrained.load(tiny.base)
   labels = finetune.label_trees(tiny, base)["attn_language"]
-  assert labels["block_1"]["attn"]["q"]["kernel"] == "language" and labels["block_1"]["mlp"]["up"]["kernel"] == "task"
+  assert labels["block_1"]["attn"]["q"]["weight"] == "language" and labels["block_1"]["mlp"]["up"]["weight"] == "task"
   tiny.partition.rules = {"all_task": ({"label": "task", "kinds": ("embedding", "head")},)}
   tiny.partition.rest = "task"
   with pytest.raises(ValueError, match="needs both labels"):

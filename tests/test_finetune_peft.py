@@ -117,13 +117,13 @@ def test_neuron_expert_trains_only_the_located_rows(tiny):
   prep = finetune.prepare(tiny, "")
   rng = np.random.default_rng(0)
   ran = jax.tree.map(lambda x: x + 1e-3 * rng.standard_normal(x.shape).astype(x.dtype), prep.base)  # a short run
-  ran["block_1"]["mlp"]["up"]["kernel"][:, :3] += 10.0  # three output units moved most
+  ran["block_1"]["mlp"]["up"]["weight"][:3] += 10.0  # three output units ([out, in] rows) moved most
   trained = {"neuron_short": kind_lib.Trained(jax.tree.map(lambda x: x[None], ran), {}, None, 0.0)}
   _, stage = _stage(tiny, "neurons", trained)
   assert [m.name for m in stage.members] == ["neuron task expert"]
   mask = _one(stage.init_params, 0)[neurons.MASK_KEY]
-  up = mask["block_1"]["mlp"]["up"]["kernel"]
-  assert 0 < neurons.count(mask) == up.sum() and not up[:, 3:].any()  # only (some of) the moved rows
+  up = mask["block_1"]["mlp"]["up"]["weight"]
+  assert 0 < neurons.count(mask) == up.sum() and not up[3:].any()  # only (some of) the moved rows
   state = _one(train_lib.init_state(prep.cfg, stage.tx, [0], stage.init_params), 0)
   data = prep.data["task"].train
   batch = {"tokens": data["tokens"][:4], "loss_mask": data["loss_mask"][:4]}
@@ -131,7 +131,7 @@ def test_neuron_expert_trains_only_the_located_rows(tiny):
   new = jax.device_get(step(step(state, batch)[0], batch)[0])  # (step 0's learning rate is 0: warmup)
   before, after, m = _leaves(prep.base), _leaves(new["params"]["params"]), _leaves(mask)
   assert all(np.array_equal(after[p][~m[p]], before[p][~m[p]]) for p in before)
-  assert not np.array_equal(after[("block_1", "mlp", "up", "kernel")], before[("block_1", "mlp", "up", "kernel")])
+  assert not np.array_equal(after[("block_1", "mlp", "up", "weight")], before[("block_1", "mlp", "up", "weight")])
 
 
 def test_bf16_compute_fp32_params_and_fp32_moments(tiny):

@@ -104,8 +104,10 @@ def test_base_is_a_llama_directory(sequence):
     hf = json.load(f)
   assert (hf["model_type"], hf["num_key_value_heads"], hf["num_attention_heads"]) == ("llama", 2, 4)
   assert hf["hidden_act"] == "silu" and not hf["attention_bias"] and hf["eos_token_id"] == 2
-  # the saved model is the trained one, bit for bit: the base's best-validation parameters
-  cfg, params = pretrained.load(hf_dir)
+  # the saved model is the trained one, bit for bit: the base's best-validation parameters (as
+  # xlt's own kernels; loaded as the family's weights, the same tensors transposed)
+  assert pretrained.load(hf_dir)[0].dense_layout == "weight"
+  cfg, params = pretrained.load(hf_dir, dense_layout="kernel")
   assert (cfg.norm, cfg.mlp, cfg.pos_embedding, cfg.kv_heads) == ("rmsnorm", "swiglu", "rope", 2)
   with np.load(os.path.join(base, "base", "best_params.npz")) as f:
     best = [f[f"leaf_{k}"][0] for k in range(len(f.files) - 1)]

@@ -195,7 +195,7 @@ def test_pretrained_projections_get_adapters():
   cfg, params = pretrained.load(os.path.join(os.path.dirname(__file__), "fixtures", "hf", "llama"))
   adapters = lora.init(params, jax.random.key(1), rank=2, alpha=4.0)
   d, h, g, k, f = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_width, cfg.mlp_width
-  shapes = {f"{kind}/{name}": (v["kernel"]["a"].shape, v["kernel"]["b"].shape)
+  shapes = {f"{kind}/{name}": (v["weight"]["a"].shape, v["weight"]["b"].shape)
             for kind in ("attn", "mlp") for name, v in adapters["block_1"][kind].items()}
   assert shapes == {"attn/q": ((2, d), (h * k, 2)), "attn/k": ((2, d), (g * k, 2)), "attn/v": ((2, d), (g * k, 2)),
                     "attn/proj": ((2, h * k), (d, 2)), "mlp/gate": ((2, d), (f, 2)), "mlp/up": ((2, d), (f, 2)),
@@ -219,8 +219,8 @@ def test_pretrained_projections_get_adapters():
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new["params"]["base"])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   for name in ("q", "k", "v"):
-    moved = new["params"]["lora"]["block_0"]["attn"][name]["kernel"]["b"]
-    assert not np.array_equal(np.asarray(moved), np.asarray(adapters["block_0"]["attn"][name]["kernel"]["b"]))
+    moved = new["params"]["lora"]["block_0"]["attn"][name]["weight"]["b"]
+    assert not np.array_equal(np.asarray(moved), np.asarray(adapters["block_0"]["attn"][name]["weight"]["b"]))
 
 
 def test_adapter_gradients_leave_the_output_gradients_untransposed(autodiff_products):

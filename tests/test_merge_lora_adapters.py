@@ -9,7 +9,7 @@ import pytest
 from xlt import lora, merge, peft_io, pretrained
 from xlt.merge import lora_adapters
 
-KERNEL = ("block_0", "mlp", "gate", "kernel")
+KERNEL = ("block_0", "mlp", "gate", "weight")  # Llama loads with torch's [out, in] weights
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_concatenation_is_task_arithmetic_of_the_dense_deltas(llama):
   cfg, params, adapters = llama
   lambdas = [0.5, 2.0]
   joined = lora_adapters.concat(adapters, lambdas)
-  assert joined["block_0"]["attn"]["q"]["kernel"]["a"].shape[0] == 5 and float(joined["scale"]) == 1.0
+  assert joined["block_0"]["attn"]["q"]["weight"]["a"].shape[0] == 5 and float(joined["scale"]) == 1.0
   dense = merge.task_arithmetic(params, [lora.merge_into(params, a) for a in adapters], lambdas)
   _close(lora.merge_into(params, joined), dense)
   want = sum(lam * lora_adapters.delta(a, KERNEL) for lam, a in zip(lambdas, adapters))
@@ -52,7 +52,7 @@ def test_svd_at_full_rank_is_exact_and_below_it_the_best_approximation(llama):
   total = sum(lora_adapters.delta(a, KERNEL) for a in adapters)
   u, s, vt = np.linalg.svd(total)
   np.testing.assert_allclose(lora_adapters.delta(one, KERNEL), s[0] * np.outer(u[:, 0], vt[0]), atol=1e-5)
-  assert one["block_0"]["mlp"]["gate"]["kernel"]["b"].shape[1] == 1
+  assert one["block_0"]["mlp"]["gate"]["weight"]["b"].shape[1] == 1
   with pytest.raises(ValueError, match="rank must be a positive integer"):
     lora_adapters.svd(adapters, rank=0)
 

@@ -83,9 +83,11 @@ def test_copier_buffers_come_in_order_and_one_ahead(monkeypatch):
 
 def test_saved_tensors_start_aligned_and_stored_leaves_are_views(tmp_path):
   """xlt's writer starts the tensors' bytes on a 64-byte boundary, so a leaf stored as xlt holds
-  it (a norm's scale) is a view of the file (the parameter on a CPU), and a transposed one a copy;
-  both equal what the file holds."""
+  it (a norm's scale, a Linear's weight: Llama loads as a dense_layout="weight" model) is a view
+  of the file (the parameter on a CPU), and a stacked one (the fused qkv) a copy; both equal
+  what the file holds. The same checkpoint as kernels is transposed on load and save."""
   cfg, params = pretrained.load(os.path.join(HF, "llama"))
+  assert cfg.dense_layout == "weight"
   pretrained.save(cfg, params, str(tmp_path / "out"), source_dir=os.path.join(HF, "llama"))
   cfg, params = pretrained.load(str(tmp_path / "out"))
   tensors = hf_dir.read_model_dir(str(tmp_path / "out"))[1]
@@ -96,12 +98,36 @@ def test_saved_tensors_start_aligned_and_stored_leaves_are_views(tmp_path):
   for leaf, m in pretrained.table(cfg, "llama", shapes).items():
     arrays = [pretrained._tensor(tensors, n, "") for n in m.names]
     view = pretrained._is_view(cfg, leaf, m, arrays, shapes[leaf])
-    assert pretrained._transposed(m) == (m.layout == "linear")  # Llama's Linears have no bias
-    assert view == (m.layout != "linear" and arrays[0].offset % placement.ALIGN == 0)
-    kinds.add(view)
+    assert not pretrained._transposed(m, leaf[-1])
+    assert view == (m.stack is None and arrays[0].offset % placement.ALIGN == 0)
+    kinds.add((m.layout, view))
     if view:
       assert np.array_equal(np.asarray(flat[leaf]), np.asarray(arrays[0]).reshape(shapes[leaf]))
-  assert kinds == {True, False}
+  assert {("linear", True), ("copy", True)} <= kinds
+  kernels = dataclasses.replace(cfg, dense_layout="kernel")
+  for leaf, m in pretrained.table(kernels, "llama", pretrained._leaf_shapes(kernels)).items():
+    assert pretrained._transposed(m, leaf[-1]) == (m.layout == "linear")  # Llama's Linears have no bias
+
+
+@pytest.mark.parametrize("family, other", [("llama", "kernel"), ("qwen2", "kernel"), ("gpt2", "weight")])
+def test_either_dense_layout_loads_the_same_model_and_saves_the_same_files(family, other, tmp_path):
+  """A checkpoint loads in its family's layout (Linear weights as stored) or the other one
+  (transposed on the way): the same logits, and either saves the checkpoint's bytes back."""
+  path = os.path.join(HF, family)
+  cfg, params = pretrained.load(path)
+  cfg_o, params_o = pretrained.load(path, dense_layout=other)
+  assert cfg.dense_layout == ("kernel" if family == "gpt2" else "weight") and cfg_o.dense_layout == other
+  assert {param_paths.path_names(p)[-1] for p, _ in jax.tree_util.tree_flatten_with_path(params_o)[0]} >= {other}
+  ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 7)).astype(np.int32)
+  apply = compiled(model.apply)
+  np.testing.assert_allclose(apply(cfg_o, params_o, ids)[0], apply(cfg, params, ids)[0], rtol=1e-5, atol=1e-5)
+  source = hf_dir.read_model_dir(path)[1]
+  for name, (c, p) in {"own": (cfg, params), "other": (cfg_o, params_o)}.items():
+    pretrained.save(c, p, str(tmp_path / name), source_dir=path)
+    saved = hf_dir.read_model_dir(str(tmp_path / name))[1]
+    assert saved.keys() <= source.keys()
+    for k in saved:
+      assert np.asarray(saved[k]).tobytes() == np.asarray(source[k]).tobytes(), (name, k)
 
 
 def test_cast_on_load_equals_jax_cast():

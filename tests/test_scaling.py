@@ -167,8 +167,8 @@ def test_sharded_step_of_a_loaded_model_equals_single_device(family):
       for _ in range(2):
         state, metrics = step(state, batch)
     results.append((jax.device_get(state["params"]), np.asarray(metrics["loss"])))
-    if "tensor" in spec:  # really spread: the MLP kernel over fsdp x tensor (after the ensemble axis)
-      assert tuple(state["params"]["block_0"]["mlp"]["up"]["kernel"].sharding.spec) == (None, "fsdp", "tensor")
+    if "tensor" in spec:  # really spread: the MLP weight [F, D] over tensor x fsdp (after the ensemble axis)
+      assert tuple(state["params"]["block_0"]["mlp"]["up"]["weight"].sharding.spec) == (None, "tensor", "fsdp")
   (p1, l1), *others = results
   for p, loss in others:
     np.testing.assert_allclose(loss, l1, rtol=1e-5)

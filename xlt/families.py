@@ -26,9 +26,11 @@ _LLAMA3 = ("factor", "low_freq_factor", "high_freq_factor", "original_max_positi
 @dataclasses.dataclass(frozen=True)
 class Map:
   """Hugging Face tensor(s) `names` behind one xlt leaf. layout: "copy" (same shape),
-  "linear" (torch [out, in]: xlt's kernel transposed, its `num_in` leading axes and the
-  rest each flattened), "conv" (GPT-2's Conv1D [in, out]: the same without the transpose);
-  num_in 0 flattens a bias. With several names they stack along xlt's axis `stack`."""
+  "linear" (torch's Linear [out, in]) or "conv" (GPT-2's Conv1D [in, out]), each side the
+  xlt leaf's `num_in` input axes flattened and its other axes flattened: an xlt "weight"
+  ([out..., in...]) holds a Linear as stored, a "kernel" ([in..., out...]) a Conv1D
+  (xlt.model.Config.dense_layout); num_in 0 flattens a bias. With several names they stack
+  along xlt's axis `stack`."""
   names: tuple[str, ...]
   layout: str = "copy"
   num_in: int = 1
@@ -125,7 +127,7 @@ def _decoder_config(hf: dict, dtype: str, tied: bool, *, family: str, head_dim: 
       head_dim=hf.get("head_dim") or head_dim or d // heads, tie_embeddings=tied,
       dtype=dtype, param_dtype=dtype, ln_eps=float(hf.get("rms_norm_eps", 1e-6)), pos_embedding="rope",
       rope_base=theta, rope_scaling=scaling, mlp="swiglu" if act == "silu" else "geglu", bias=attn_bias,
-      sliding_window=sliding_window, sliding_layers=local, **fields)
+      sliding_window=sliding_window, sliding_layers=local, dense_layout="weight", **fields)
 
 
 def _gemma2_config(hf: dict, dtype: str, tied: bool) -> model.Config:
@@ -163,7 +165,7 @@ def _starcoder2_config(hf: dict, dtype: str, tied: bool) -> model.Config:
       head_dim=hf.get("head_dim") or d // heads, tie_embeddings=tied, dtype=dtype, param_dtype=dtype,
       ln_eps=float(hf.get("norm_epsilon", 1e-5)), pos_embedding="rope", rope_base=theta, rope_scaling=scaling,
       norm="layernorm", mlp="gelu", bias=bool(hf.get("use_bias", True)), sliding_window=sliding_window,
-      sliding_layers=local)
+      sliding_layers=local, dense_layout="weight")
 
 
 # ---- model.Config -> config.json
@@ -231,21 +233,24 @@ _GEMMA2_NORMS = {"ln_1": "input_layernorm", "ln_1_post": "post_attention_layerno
 def _decoder_table(cfg: model.Config, norms: dict = _NORMS) -> dict:
   """Llama's names, which Mistral, Qwen and Gemma share: q, k, v, o, gate, up, down
   projections, with every bias and norm any of them has (a model uses those it has)."""
+  w = cfg.dense_layout  # the dense leaves' name
   t = {("wte", "embedding"): Map(("model.embed_tokens.weight",)), ("ln_f", "scale"): Map(("model.norm.weight",)),
-       ("lm_head", "kernel"): Map(("lm_head.weight",), "linear")}
+       ("lm_head", w): Map(("lm_head.weight",), "linear")}
   for i in range(cfg.num_layers):
     b, p = f"block_{i}", f"model.layers.{i}."
     t |= {(b, ln, "scale"): Map((f"{p}{hf}.weight",)) for ln, hf in norms.items()}
     for x in "qkv":
-      t[(b, "attn", x, "kernel")] = Map((f"{p}self_attn.{x}_proj.weight",), "linear")
+      t[(b, "attn", x, w)] = Map((f"{p}self_attn.{x}_proj.weight",), "linear")
       t[(b, "attn", x, "bias")] = Map((f"{p}self_attn.{x}_proj.bias",), num_in=0)
-    t[(b, "attn", "qkv", "kernel")] = Map(tuple(f"{p}self_attn.{x}_proj.weight" for x in "qkv"), "linear", stack=1)
+    # the fused qkv: [D, 3, H, K] as a kernel, [3, H, K, D] as a weight
+    t[(b, "attn", "qkv", w)] = Map(tuple(f"{p}self_attn.{x}_proj.weight" for x in "qkv"), "linear",
+                                   stack=1 if w == "kernel" else 0)
     t[(b, "attn", "qkv", "bias")] = Map(tuple(f"{p}self_attn.{x}_proj.bias" for x in "qkv"), num_in=0, stack=0)
-    t[(b, "attn", "proj", "kernel")] = Map((f"{p}self_attn.o_proj.weight",), "linear", num_in=2)
+    t[(b, "attn", "proj", w)] = Map((f"{p}self_attn.o_proj.weight",), "linear", num_in=2)
     t[(b, "attn", "proj", "bias")] = Map((f"{p}self_attn.o_proj.bias",), num_in=0)
     t |= {(b, "attn", f"{x}_norm", "scale"): Map((f"{p}self_attn.{x}_norm.weight",)) for x in "qk"}
     for x, hf in (("gate", "gate_proj"), ("up", "up_proj"), ("proj", "down_proj")):
-      t[(b, "mlp", x, "kernel")] = Map((f"{p}mlp.{hf}.weight",), "linear")
+      t[(b, "mlp", x, w)] = Map((f"{p}mlp.{hf}.weight",), "linear")
       t[(b, "mlp", x, "bias")] = Map((f"{p}mlp.{hf}.bias",), num_in=0)
   return t
 
@@ -257,7 +262,7 @@ def _starcoder2_table(cfg: model.Config) -> dict:
     b, p = f"block_{i}", f"model.layers.{i}."
     t |= {(b, ln, "bias"): Map((f"{p}{hf}.bias",)) for ln, hf in _NORMS.items()}
     for x, hf in (("fc", "c_fc"), ("proj", "c_proj")):
-      t[(b, "mlp", x, "kernel")] = Map((f"{p}mlp.{hf}.weight",), "linear")
+      t[(b, "mlp", x, cfg.dense_layout)] = Map((f"{p}mlp.{hf}.weight",), "linear")
       t[(b, "mlp", x, "bias")] = Map((f"{p}mlp.{hf}.bias",), num_in=0)
   return t
 
@@ -265,7 +270,7 @@ def _starcoder2_table(cfg: model.Config) -> dict:
 def _gpt2_table(cfg: model.Config) -> dict:
   t = {("wte", "embedding"): Map(("transformer.wte.weight",)), ("wpe",): Map(("transformer.wpe.weight",)),
        ("ln_f", "scale"): Map(("transformer.ln_f.weight",)), ("ln_f", "bias"): Map(("transformer.ln_f.bias",)),
-       ("lm_head", "kernel"): Map(("lm_head.weight",), "linear")}
+       ("lm_head", cfg.dense_layout): Map(("lm_head.weight",), "linear")}
   for i in range(cfg.num_layers):
     b, p = f"block_{i}", f"transformer.h.{i}."
     for ln in ("ln_1", "ln_2"):
@@ -273,7 +278,7 @@ def _gpt2_table(cfg: model.Config) -> dict:
     # c_attn's 3 * D columns are [q | k | v], each [H, K]: xlt's [3, H, K] as it is
     for mod, x, hf, num_in in (("attn", "qkv", "attn.c_attn", 1), ("attn", "proj", "attn.c_proj", 2),
                                ("mlp", "fc", "mlp.c_fc", 1), ("mlp", "proj", "mlp.c_proj", 1)):
-      t[(b, mod, x, "kernel")] = Map((f"{p}{hf}.weight",), "conv", num_in)
+      t[(b, mod, x, cfg.dense_layout)] = Map((f"{p}{hf}.weight",), "conv", num_in)
       t[(b, mod, x, "bias")] = Map((f"{p}{hf}.bias",), num_in=0)
   return t
 

@@ -211,13 +211,43 @@ def norm(cfg, name: str):
 
 
 def dense(cfg, features, name: str, axes, *, std=0.02, use_bias=None, axis=-1):
-  """A flax DenseGeneral with xlt's matmul, initialisers and logical axes (the kernel's;
-  the bias takes the output ones). `use_bias` None follows `cfg.bias`."""
+  """A dense layer with xlt's matmul, initialisers and logical axes `axes` (given inputs first;
+  the bias takes the output ones). `use_bias` None follows `cfg.bias`. Its weight is laid out
+  as `cfg.dense_layout` says: "kernel", flax's DenseGeneral [in..., out...], or "weight",
+  torch's Linear [out..., in...] (`Linear`)."""
   num_in = len(axis) if isinstance(axis, tuple) else 1
+  use_bias = cfg.bias if use_bias is None else use_bias
+  dt, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+  if cfg.dense_layout == "weight":
+    out_axes = axes[num_in:]
+    return Linear(tuple(features) if isinstance(features, tuple) else (features,), num_in, out_axes + axes[:num_in],
+                  std, use_bias, dt, pdt, name=name)
   return nn.DenseGeneral(
-      features, axis=axis, name=name, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
-      use_bias=cfg.bias if use_bias is None else use_bias, dot_general=matmul.dense,
+      features, axis=axis, name=name, dtype=dt, param_dtype=pdt, use_bias=use_bias, dot_general=matmul.dense,
       kernel_init=init(axes, std), bias_init=zeros(axes[num_in:]))
+
+
+class Linear(nn.Module):
+  """A dense layer over x's last `num_in` axes whose weight is [out..., in...], torch's Linear
+  layout: a Hugging Face checkpoint's weights are then the parameters as stored (a view of
+  the file, no transpose on load or save). `axes`: the weight's logical axes, outputs first."""
+
+  features: tuple[int, ...]
+  num_in: int
+  axes: tuple
+  std: float
+  use_bias: bool
+  dtype: jnp.dtype
+  param_dtype: jnp.dtype
+
+  @nn.compact
+  def __call__(self, x):
+    n, out = self.num_in, len(self.features)
+    w = self.param("weight", init(self.axes, self.std), self.features + x.shape[x.ndim - n:], self.param_dtype)
+    bias = self.param("bias", zeros(self.axes[:out]), self.features, self.param_dtype) if self.use_bias else None
+    x, w, bias = nn.dtypes.promote_dtype(x, w, bias, dtype=self.dtype)
+    y = matmul.dense_t(x, w, n)
+    return y if bias is None else y + bias
 
 
 class Mlp(nn.Module):

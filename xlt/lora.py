@@ -34,10 +34,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xlt import layers
 from xlt import matmul
 from xlt import model as model_lib
 from xlt.io import tensor_files
-from xlt.param_paths import XLT, path_names, path_str
+from xlt.param_paths import XLT, dense_leaf, path_names, path_str
 
 KINDS = ("attn", "mlp")  # every kernel of these: attn/{qkv | q, k, v; proj}, mlp/{fc | gate, up; proj}
 
@@ -68,7 +69,7 @@ def targets(params, labels=None, trainable=None) -> list[tuple[str, ...]]:
   for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
     names = path_names(p)
     block, kind = XLT.block_kind(names)
-    if block is None or kind not in KINDS or names[-1] != "kernel":
+    if block is None or kind not in KINDS or names[-1] not in ("kernel", "weight"):
       continue
     if chosen is None or label_of[names] in chosen:
       out.append(names)
@@ -133,7 +134,8 @@ def merge_into(base, adapters):
     if a.shape[1] * b.shape[0] != math.prod(w.shape):
       raise ValueError(f"LoRA adapter of {path_str(names)}: b {b.shape} @ a {a.shape} does not match "
                        f"the kernel {w.shape}")
-    d = s * (jnp.asarray(a, jnp.float32).T @ jnp.asarray(b, jnp.float32).T)  # [in, out]: kernel layout
+    a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+    d = s * (b @ a if names[-1] == "weight" else a.T @ b.T)  # [out, in] or [in, out]: the leaf's layout
     return (jnp.asarray(w, jnp.float32) + d.reshape(w.shape)).astype(w.dtype)
 
   missing = set(ab) - {path_names(p) for p, _ in jax.tree_util.tree_flatten_with_path(base)[0]}
@@ -151,10 +153,10 @@ def apply(cfg: model_lib.Config, composite, tokens_BxT, cache=None, pos=0, dropo
 
   def low_rank(next_fun, args, kwargs, context):
     y = next_fun(*args, **kwargs)
-    if context.method_name != "__call__" or not isinstance(context.module, (nn.Dense, nn.DenseGeneral)):
+    if context.method_name != "__call__" or not isinstance(context.module, (nn.Dense, nn.DenseGeneral, layers.Linear)):
       return y
-    path = tuple(context.module.path) + ("kernel",)
-    if path not in ab:
+    path = dense_leaf(context.module.path, ab)
+    if path is None:
       return y
     used.add(path)
     a, b = ab[path]

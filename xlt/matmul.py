@@ -76,6 +76,35 @@ def _dense_bwd(n, precision, residuals, dy):
 _dense.defvjp(lambda x, w, n, precision: (_dense(x, w, n, precision), (x, w)), _dense_bwd)
 
 
+def dense_t(x, w, n: int, precision=None):
+  """x's last n axes against w's last n: a dense layer whose weight is stored [out..., in...]
+  as torch's Linear holds it (xlt.layers.Linear), its weight gradient dy^T x by
+  `_transposed_product` on CPU, its input gradient dy @ w a plain product."""
+  dims = ((tuple(range(x.ndim - n, x.ndim)), tuple(range(w.ndim - n, w.ndim))), ((), ()))
+  if not _on_cpu():
+    return jax.lax.dot_general(x, w, dims, precision=precision)
+  return _dense_t(x, w, n, precision)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _dense_t(x, w, n, precision):
+  dims = ((tuple(range(x.ndim - n, x.ndim)), tuple(range(w.ndim - n, w.ndim))), ((), ()))
+  return jax.lax.dot_general(x, w, dims, precision=precision)
+
+
+def _dense_t_bwd(n, precision, residuals, dy):
+  x, w = residuals
+  k = math.prod(w.shape[w.ndim - n:])
+  x_MxK, w_NxK = x.reshape(-1, k), w.reshape(-1, k)
+  dy_MxN = dy.reshape(x_MxK.shape[0], w_NxK.shape[0])
+  dx = jnp.dot(dy_MxN, w_NxK, precision=precision).reshape(x.shape)
+  dw = _transposed_product(dy_MxN, x_MxK, precision).reshape(w.shape)
+  return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+_dense_t.defvjp(lambda x, w, n, precision: (_dense_t(x, w, n, precision), (x, w)), _dense_t_bwd)
+
+
 def mask_bias(mask_TxS):
   """0 where attended, -1e30 where masked, added to the scores. On CPU behind a barrier: XLA
   folds a constant bias back into a select, a pass of its own over the [B, H, T, S] scores;

@@ -26,7 +26,7 @@ from xlt.data import sft
 from xlt.io import fileio
 from xlt.io import hf_dir as hf
 from xlt.merge import registry
-from xlt.param_paths import path_names
+from xlt.param_paths import XLT, path_names
 
 STATISTICS = {"regmean": "grams", "fisher": "fishers"}
 
@@ -40,7 +40,8 @@ def estimate_bytes(method: str, params, batch_size: int) -> int:
   kernel (RegMean), or batch_size per-sequence gradients plus the running sum (Fisher)."""
   if method == "regmean":
     flat = {path_names(p): np.shape(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-    return sum(4 * math.prod(flat[k][:merge_statistics.num_inputs(k, flat[k])]) ** 2 for k in lora.targets(params))
+    rows = {k: XLT.row_axes(k, flat[k]) for k in lora.targets(params)}
+    return sum(4 * math.prod(n for i, n in enumerate(flat[k]) if i not in rows[k]) ** 2 for k in rows)
   return 4 * (batch_size + 2) * sum(int(np.size(x)) for x in jax.tree.leaves(params))
 
 

@@ -28,11 +28,12 @@ from jax.sharding import Mesh
 
 from xlt import lora, sharding
 from xlt import model as model_lib
-from xlt.param_paths import XLT, path_names, path_str
+from xlt.param_paths import XLT, dense_leaf, path_names, path_str
 
 
 def num_inputs(path, shape) -> int:
-  """How many of a kernel's leading axes are its inputs (xlt.param_paths rows: the others)."""
+  """How many of a dense leaf's axes are its inputs (xlt.param_paths rows: the others): a
+  kernel's leading axes, a weight's trailing ones, the activation's trailing ones alike."""
   return len(shape) - len(XLT.row_axes(path, tuple(shape)))
 
 
@@ -55,8 +56,8 @@ def _batch_grams(cfg, params, targets: tuple, tokens_BxT, mask_BxT):
   shapes, found = dict(targets), {}
 
   def capture(next_fun, args, kwargs, context):
-    path = tuple(context.module.path) + ("kernel",)
-    if context.method_name == "__call__" and path in shapes:
+    path = dense_leaf(context.module.path, shapes)
+    if context.method_name == "__call__" and path is not None:
       x = args[0]
       n_in = math.prod(x.shape[x.ndim - num_inputs(path, shapes[path]):])
       x = x.reshape(-1, n_in).astype(jnp.float32)

@@ -47,6 +47,7 @@ from xlt.layers import DROPOUT_BITS, causal_attention, dropout, gelu, rope  # no
 
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")
 MLPS = ("gelu", "swiglu", "geglu")
+DENSE_LAYOUTS = ("kernel", "weight")  # Config.dense_layout, each the name of its dense leaves
 # what a rematerialised Block keeps for the backward pass (jax.checkpoint policies)
 REMAT_POLICIES = {"nothing": jax.checkpoint_policies.nothing_saveable,
                   "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
@@ -97,6 +98,11 @@ class Config:
   # so that a mesh's tensor axis divides the table (xlt.pretrained.load pads so, as MaxText
   # does); the logits are cut back to vocab_size, so nothing downstream sees them.
   vocab_padding: int = 0
+  # How each dense layer holds its weight: "kernel", flax's [in..., out...] (xlt's own models,
+  # GPT-2's Conv1D), or "weight", torch Linear's [out..., in...], the leaf then named "weight"
+  # (the Hugging Face families but GPT-2: their files' tensors are the parameters as stored).
+  # The same values either way, to float rounding of the weight gradients.
+  dense_layout: str = "kernel"
   # ---- how it runs (the same values): the attention kernel (xlt.attention: "auto" is xlt's
   # own on a CPU, cuDNN on a GPU, splash on a TPU), and activation rematerialisation
   # ("block": each Block's activations are recomputed in the backward pass, keeping only what
@@ -140,6 +146,8 @@ class Config:
     if self.attention not in attention_lib.IMPLEMENTATIONS:
       raise ValueError(f"model.attention must be one of {', '.join(attention_lib.IMPLEMENTATIONS)}, "
                        f"got {self.attention!r}")
+    if self.dense_layout not in DENSE_LAYOUTS:
+      raise ValueError(f"model.dense_layout must be one of {', '.join(DENSE_LAYOUTS)}, got {self.dense_layout!r}")
     if self.remat not in ("none", "block") or self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f"model.remat must be none or block and remat_policy one of {', '.join(REMAT_POLICIES)}, "
                        f"got {self.remat!r} and {self.remat_policy!r}")

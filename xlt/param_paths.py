@@ -116,20 +116,29 @@ def xlt_block_kind(path) -> tuple[int | None, str]:
 
 
 def xlt_row_axes(path, shape) -> tuple[int, ...]:
-  """Rows = output units. A flax Dense kernel is [in..., out...]: attn/proj's kernel
-  [H, K, D] has two input axes, every other kernel (qkv [D, 3, H, K], q [D, H, K], k and v
-  [D, G, K], mlp fc / gate / up [D, F], mlp proj [F, D], lm_head [D, V]) one, so its rows are
-  its trailing axes (for a [D, F] kernel: its F columns). Embedding tables (wte [V, D],
+  """Rows = output units. A dense leaf named "kernel" (flax's layout) is [in..., out...], one
+  named "weight" (torch Linear's: xlt.model.Config.dense_layout) [out..., in...]. attn/proj
+  has two input axes (H, K), every other dense leaf (qkv, q, k, v, mlp fc / gate / up / proj,
+  lm_head) one (D, or F for mlp proj), so a kernel's rows are its trailing axes (for a [D, F]
+  kernel: its F columns) and a weight's its leading ones. Embedding tables (wte [V, D],
   wpe [T, D]) have one row per token / position. Biases (qkv's [3, H, K], q's [H, K] too),
   norms (q_norm / k_norm [K] included) and other 1-D leaves: one row.
   """
   names = path_names(path)
-  if names and names[-1] == "kernel":
+  if names and names[-1] in ("kernel", "weight"):
     num_in = 2 if names[-3:-1] == ("attn", "proj") else 1
-    return tuple(range(num_in, len(shape))) if len(shape) > num_in else ()
+    if len(shape) <= num_in:
+      return ()
+    return tuple(range(num_in, len(shape))) if names[-1] == "kernel" else tuple(range(len(shape) - num_in))
   if xlt_block_kind(names)[1] == "embedding" and len(shape) >= 2:
     return (0,)
   return ()
+
+
+def dense_leaf(module_path, leaves):
+  """The path of the dense leaf ("kernel" or "weight") of the module at `module_path` among
+  `leaves` (a collection of paths), or None: what a method interceptor adapts or measures."""
+  return next((p for n in ("kernel", "weight") if (p := tuple(module_path) + (n,)) in leaves), None)
 
 
 def xlt_local_name(path) -> str:

@@ -10,10 +10,13 @@ computes, and so which model.Config options it maps to, is in docs/families.md; 
 equal transformers' (tests/test_pretrained.py).
 
 Each family's table is {xlt path: Map}: the Hugging Face tensor(s) behind one xlt leaf and
-their layout. torch's Linear weights are [out, in] and become xlt's [in, out...] kernels
-(transposed, then the out axis split into heads); GPT-2's Conv1D weights are already [in, out];
-q, k and v stack into xlt's fused qkv kernel [D, 3, H, K] when there are as many key/value heads
-as query heads. A tied lm_head is not a tensor (the embedding table serves).
+their layout. The families with torch Linear layers load as `dense_layout="weight"` models
+(xlt.model.Config): their [out, in] weights are xlt's [out..., in...] weight leaves as stored
+(the axes split into heads by a reshape); GPT-2's Conv1D weights [in, out] are xlt's [in...,
+out...] kernels as stored. A leaf in the other layout is transposed on the way (an own model
+saved as a Llama). q, k and v stack into xlt's fused qkv ([3, H, K, D] as a weight) when there
+are as many key/value heads as query heads. A tied lm_head is not a tensor (the embedding
+table serves).
 
 Loading maps the files and places one leaf at a time (`_place`): a tensor stored as xlt holds it
 is a view of the file (on a CPU, the parameter itself); any other is copied once, transposed and
@@ -82,7 +85,8 @@ def _normal(cfg: model.Config) -> model.Config:
   return dataclasses.replace(
       cfg, mlp_dim=cfg.mlp_width, mlp_ratio=4, head_dim=cfg.head_width, num_kv_heads=cfg.kv_heads, dropout=0.0,
       qkv_bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias, sliding_window=cfg.sliding_window if local else 0,
-      sliding_layers=local or None, rope_base=cfg.rope_base if cfg.pos_embedding == "rope" else 10000.0)
+      sliding_layers=local or None, rope_base=cfg.rope_base if cfg.pos_embedding == "rope" else 10000.0,
+      dense_layout="kernel")  # a layout, not a computation: either saves as the family's tensors
 
 
 # ---- the tables: {xlt path: families.Map}
@@ -97,24 +101,32 @@ def table(cfg: model.Config, family: str, shapes: dict) -> dict:
   return {p: full[p] for p in shapes}
 
 
-def _hf_shape(m: Map, shape: tuple[int, ...]) -> tuple[int, ...]:
-  """The shape of each of `m`'s Hugging Face tensors for an xlt leaf of `shape`."""
+def _two_d(m: Map, name: str, shape: tuple[int, ...]) -> tuple[tuple[int, int], bool]:
+  """(the xlt leaf `name` of `shape` as 2-D, its input axes and its other axes each flattened in
+  its own order, whether the Hugging Face tensor holds that transposed): a kernel is
+  [in..., out...], a weight [out..., in...]; a Linear is [out, in], a Conv1D [in, out]."""
+  split = len(shape) - m.num_in if name == "weight" else m.num_in
+  return (math.prod(shape[:split]), math.prod(shape[split:])), (m.layout == "linear") == (name == "kernel")
+
+
+def _hf_shape(m: Map, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+  """The shape of each of `m`'s Hugging Face tensors for an xlt leaf `name` of `shape`."""
   if m.stack is not None:
     shape = shape[:m.stack] + shape[m.stack + 1:]
   if m.layout == "copy" and m.num_in:
     return tuple(shape)
   if m.num_in == 0:
     return (math.prod(shape),)
-  rows, cols = math.prod(shape[:m.num_in]), math.prod(shape[m.num_in:])
-  return (cols, rows) if m.layout == "linear" else (rows, cols)
+  two, transposed = _two_d(m, name, shape)
+  return two[::-1] if transposed else two
 
 
-def _to_hf(m: Map, x: np.ndarray) -> list[np.ndarray]:
+def _to_hf(m: Map, name: str, x: np.ndarray) -> list[np.ndarray]:
   if m.stack is not None:
     one = dataclasses.replace(m, stack=None)
-    return [_to_hf(one, np.take(x, i, axis=m.stack))[0] for i in range(len(m.names))]
-  shape = _hf_shape(m, x.shape)
-  if m.layout == "linear" and m.num_in:
+    return [_to_hf(one, name, np.take(x, i, axis=m.stack))[0] for i in range(len(m.names))]
+  shape = _hf_shape(m, name, x.shape)
+  if _transposed(m, name):
     return [np.ascontiguousarray(x.reshape(shape[::-1]).T)]
   return [np.ascontiguousarray(x.reshape(shape))]
 
@@ -179,7 +191,7 @@ def _nest(flat: dict) -> dict:
   return tree
 
 
-def load(path: str, *, mesh=None, rules=None, dtype: str | None = None):
+def load(path: str, *, mesh=None, rules=None, dtype: str | None = None, dense_layout: str | None = None):
   """(model.Config, params) of the Hugging Face model directory `path`.
 
   mesh / rules: place each parameter with its sharding (xlt.sharding.param_shardings of
@@ -190,11 +202,15 @@ def load(path: str, *, mesh=None, rules=None, dtype: str | None = None):
     MaxText pads), which the logits never show and `save` cuts off.
   dtype: float32, bfloat16 or float16 for the parameters and the computation; default the
     checkpoint's.
+  dense_layout: "kernel" or "weight" (model.Config.dense_layout); default the family's, the
+    layout its files hold (no transpose): "weight" for torch Linear layers, "kernel" for GPT-2.
   Every tensor's shape is checked against the config; a tensor the model does not use (besides
   rotary/mask buffers and a tied lm_head) is an error, as is a missing one."""
   hf, tensors = hf_dir.read_model_dir(path)
   hf_sizes.check(hf, tensors, path)  # before any shape is built from config.json
   cfg = config_from_hf(hf, dtype=dtype or _file_dtype(tensors))
+  if dense_layout is not None:
+    cfg = dataclasses.replace(cfg, dense_layout=dense_layout)
   if mesh is not None:
     cfg = dataclasses.replace(cfg, vocab_padding=vocab_padding(cfg.vocab_size, mesh, rules or sharding.DEFAULT_RULES))
   family, shapes = family_of(hf), _leaf_shapes(cfg)
@@ -213,7 +229,7 @@ def load(path: str, *, mesh=None, rules=None, dtype: str | None = None):
   sources = {}
   for leaf, m in maps.items():
     sources[leaf] = arrays = [_tensor(tensors, n, path) for n in m.names]
-    want = _hf_shape(m, _unpadded(cfg, leaf, shapes[leaf]))
+    want = _hf_shape(m, leaf[-1], _unpadded(cfg, leaf, shapes[leaf]))
     for n, a in zip(m.names, arrays):
       if tuple(a.shape) != want:
         raise ValueError(f"tensor {n}: expected shape {list(want)} (for xlt's {paths.path_str(leaf)} "
@@ -244,31 +260,33 @@ def pad_vocab(cfg: model.Config, params, mesh, rules=sharding.DEFAULT_RULES):
   if not pad:
     return cfg, params
   out = dict(params, wte=dict(params["wte"], embedding=jnp.pad(params["wte"]["embedding"], ((0, pad), (0, 0)))))
-  if "lm_head" in params:
-    out["lm_head"] = dict(params["lm_head"], kernel=jnp.pad(params["lm_head"]["kernel"], ((0, 0), (0, pad))))
+  if "lm_head" in params:  # a kernel [D, V] pads its columns, a weight [V, D] its rows
+    name, = params["lm_head"]
+    widths = ((0, 0), (0, pad)) if name == "kernel" else ((0, pad), (0, 0))
+    out["lm_head"] = {name: jnp.pad(params["lm_head"][name], widths)}
   return dataclasses.replace(cfg, vocab_padding=pad), out
 
 
 def _unpadded(cfg: model.Config, leaf: tuple, shape: tuple[int, ...]) -> tuple[int, ...]:
   """The shape of `leaf` without the vocabulary padding: what the checkpoint holds."""
-  if cfg.vocab_padding and leaf == ("wte", "embedding"):
+  if cfg.vocab_padding and leaf in (("wte", "embedding"), ("lm_head", "weight")):
     return (shape[0] - cfg.vocab_padding,) + tuple(shape[1:])
   if cfg.vocab_padding and leaf == ("lm_head", "kernel"):
     return tuple(shape[:-1]) + (shape[-1] - cfg.vocab_padding,)
   return tuple(shape)
 
 
-def _transposed(m: Map) -> bool:
-  """Whether the leaf holds its tensors transposed: torch Linear weights ([out, in]) as xlt's
-  [in, out] kernel, copied on load, never a view of the file."""
-  return m.layout == "linear" and m.num_in > 0
+def _transposed(m: Map, name: str) -> bool:
+  """Whether the leaf `name` holds its tensors transposed (a torch Linear's [out, in] as an
+  [in, out] kernel, a Conv1D's as a weight): copied on load, never a view of the file."""
+  return m.layout != "copy" and m.num_in > 0 and _two_d(m, name, ())[1]
 
 
 def _is_view(cfg, leaf, m: Map, arrays: list, shape: tuple[int, ...]) -> bool:
   """Whether the leaf is its one Hugging Face tensor as stored: the same layout, shape and dtype,
   and ALIGN-aligned in its file (the mapping starts on a page), so a view of the file is it."""
   a = arrays[0]
-  return (m.stack is None and not _transposed(m) and _unpadded(cfg, leaf, shape) == tuple(shape)
+  return (m.stack is None and not _transposed(m, leaf[-1]) and _unpadded(cfg, leaf, shape) == tuple(shape)
           and a.dtype == np.dtype(cfg.param_dtype) and a.offset is not None and a.offset % placement.ALIGN == 0)
 
 
@@ -292,11 +310,11 @@ def _place(cfg, leaf, m: Map, arrays: list, shape: tuple[int, ...], host, where,
   for axis, n in enumerate(stored):  # the vocabulary padding: zero rows (or columns) no logit shows
     if n < host.shape[axis]:
       host[(slice(None),) * axis + (slice(n, None),)] = 0
-  transposed = _transposed(m)
+  transposed = _transposed(m, leaf[-1])
   jobs = []
   for i, (a, v) in enumerate(zip(arrays, views)):
     member = inner if m.stack is None else inner[(slice(None),) * m.stack + (i,)]
-    jobs.append((_dst_2d(m, member), v.reshape(v.shape[0], -1) if v.ndim else v.reshape(1, 1),
+    jobs.append((_dst_2d(m, leaf[-1], member), v.reshape(v.shape[0], -1) if v.ndim else v.reshape(1, 1),
                  transposed, functools.partial(mapped.release, a)))
   copier.run(jobs)
   x = jax.device_put(host, where)
@@ -305,10 +323,10 @@ def _place(cfg, leaf, m: Map, arrays: list, shape: tuple[int, ...], host, where,
   return x
 
 
-def _dst_2d(m: Map, member: np.ndarray) -> np.ndarray:
-  """`member` (one Hugging Face tensor's part of the leaf) as the 2-D view the tensor's rows
-  (or, for a torch Linear, columns) are copied into, without a copy."""
-  shape = (math.prod(member.shape[:m.num_in]), math.prod(member.shape[m.num_in:])) if m.num_in else (member.size, 1)
+def _dst_2d(m: Map, name: str, member: np.ndarray) -> np.ndarray:
+  """`member` (one Hugging Face tensor's part of the leaf `name`) as the 2-D view the tensor's
+  rows (or, when `_transposed`, columns) are copied into, without a copy."""
+  shape = _two_d(m, name, member.shape)[0] if m.num_in else (member.size, 1)
   view = member.view()
   view.shape = shape  # raises rather than copy: every table's member is a reshapable view
   return view
@@ -328,13 +346,13 @@ class _HfTensor:
   """One Hugging Face tensor of an xlt leaf, computed when written (np.asarray), so a save
   holds one leaf on the host at a time."""
 
-  def __init__(self, m: Map, leaf, index: int, shape: tuple[int, ...], stored: tuple[int, ...]):
-    self.m, self.leaf, self.index, self.shape, self.stored = m, leaf, index, shape, stored
+  def __init__(self, m: Map, name: str, leaf, index: int, shape: tuple[int, ...], stored: tuple[int, ...]):
+    self.m, self.leaf_name, self.leaf, self.index, self.shape, self.stored = m, name, leaf, index, shape, stored
     self.dtype = np.dtype(leaf.dtype)
 
   def __array__(self, dtype=None, copy=None):
     x = np.asarray(self.leaf)[tuple(slice(0, n) for n in self.stored)]  # without the vocabulary padding
-    x = _to_hf(self.m, x)[self.index]
+    x = _to_hf(self.m, self.leaf_name, x)[self.index]
     return x if dtype is None else x.astype(dtype)
 
 
@@ -350,7 +368,7 @@ def hf_tensors(cfg: model.Config, params, family: str) -> dict:
   for leaf, m in table(cfg, family, shapes).items():
     stored = _unpadded(cfg, leaf, shapes[leaf])
     for i, name in enumerate(m.names):
-      out[name] = _HfTensor(m, flat[leaf], i, _hf_shape(m, stored), stored)
+      out[name] = _HfTensor(m, leaf[-1], flat[leaf], i, _hf_shape(m, leaf[-1], stored), stored)
   return out
 
 
