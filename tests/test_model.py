@@ -301,8 +301,9 @@ def test_product_with_a_torch_layout_weight_and_its_gradients_equal_lax(x_shape,
 @pytest.mark.parametrize("family", ["llama_gqa", "llama_mha", "gpt2"])
 def test_weight_layout_computes_what_the_kernel_layout_does(family):
   """Config.dense_layout="weight" ([out..., in...] leaves named "weight") is the "kernel" model
-  with every dense leaf transposed: its logical axes permuted alike, the same logits and (to
-  rounding) gradients; xlt.param_paths finds the output rows of either."""
+  with every dense leaf transposed (and a fused qkv kernel split into q, k, v: weights are
+  never fused): its logical axes permuted alike, the same logits and (to rounding) gradients;
+  xlt.param_paths finds the output rows of either."""
   kw = dict(vocab_size=37, block_size=16, num_layers=2, num_heads=4, d_model=16)
   if family != "gpt2":
     kw |= dict(norm="rmsnorm", mlp="swiglu", pos_embedding="rope", num_kv_heads=2 if family == "llama_gqa" else 4)
@@ -315,6 +316,12 @@ def test_weight_layout_computes_what_the_kernel_layout_does(family):
     out = {}
     for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
       names = param_paths.path_names(p)
+      if names[-2] == "qkv":  # [D, 3, H, K] / [3, H, K] -> q, k, v's [D, H, K] / [H, K]
+        for i, part in enumerate("qkv"):
+          x_i = x[:, i] if names[-1] == "kernel" else x[i]
+          w_i = as_weights({"m": {part: {names[-1]: x_i}}})["m"][part]
+          functools.reduce(lambda d, k: d.setdefault(k, {}), names[:-2] + (part,), out).update(w_i)
+        continue
       node = functools.reduce(lambda d, k: d.setdefault(k, {}), names[:-1], out)
       if names[-1] == "kernel":
         r = param_paths.XLT.row_axes(names, x.shape)

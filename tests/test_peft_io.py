@@ -71,9 +71,10 @@ def test_round_trip_is_exact(family, tmp_path):
 
 
 def test_modules_of_one_fused_kernel_with_their_own_lora_a_stack_their_ranks(tmp_path):
-  # llama_kv4 has as many key/value heads as query heads: xlt fuses q, k, v into attn/qkv
-  cfg, params, _ = _model("llama_kv4")
-  assert ("block_0", "attn", "qkv", "weight") in {tuple(k.key for k in p) for p, _ in
+  # llama_kv4 has as many key/value heads as query heads: loaded as kernels, xlt fuses q, k, v
+  # into attn/qkv
+  cfg, params = pretrained.load(os.path.join(HF, "llama_kv4"), dense_layout="kernel")
+  assert ("block_0", "attn", "qkv", "kernel") in {tuple(k.key for k in p) for p, _ in
                                                   jax.tree_util.tree_flatten_with_path(params)[0]}
   rng = np.random.default_rng(0)
   base_hf = {k: np.asarray(v) for k, v in pretrained.hf_tensors(cfg, params, "llama").items()}
@@ -86,7 +87,7 @@ def test_modules_of_one_fused_kernel_with_their_own_lora_a_stack_their_ranks(tmp
              for x, f in factors.items() for i, n in enumerate("AB")}, str(tmp_path / peft_io.WEIGHTS))
   (tmp_path / peft_io.CONFIG).write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 3.0}))
   adapters = peft_io.read(str(tmp_path), cfg, params)
-  assert adapters["block_0"]["attn"]["qkv"]["weight"]["a"].shape[0] == 6  # three rank-2 factors side by side
+  assert adapters["block_0"]["attn"]["qkv"]["kernel"]["a"].shape[0] == 6  # three rank-2 factors side by side
   merged = {k: np.asarray(v) for k, v in pretrained.hf_tensors(cfg, peft_io.load(str(tmp_path), cfg, params,
                                                                                   merged=True), "llama").items()}
   for x, (a, b) in factors.items():

@@ -84,8 +84,8 @@ def test_copier_buffers_come_in_order_and_one_ahead(monkeypatch):
 def test_saved_tensors_start_aligned_and_stored_leaves_are_views(tmp_path):
   """xlt's writer starts the tensors' bytes on a 64-byte boundary, so a leaf stored as xlt holds
   it (a norm's scale, a Linear's weight: Llama loads as a dense_layout="weight" model) is a view
-  of the file (the parameter on a CPU), and a stacked one (the fused qkv) a copy; both equal
-  what the file holds. The same checkpoint as kernels is transposed on load and save."""
+  of the file (the parameter on a CPU), with no copy at all; each equals what the file holds.
+  The same checkpoint as kernels is transposed on load and save."""
   cfg, params = pretrained.load(os.path.join(HF, "llama"))
   assert cfg.dense_layout == "weight"
   pretrained.save(cfg, params, str(tmp_path / "out"), source_dir=os.path.join(HF, "llama"))
@@ -99,7 +99,7 @@ def test_saved_tensors_start_aligned_and_stored_leaves_are_views(tmp_path):
     arrays = [pretrained._tensor(tensors, n, "") for n in m.names]
     view = pretrained._is_view(cfg, leaf, m, arrays, shapes[leaf])
     assert not pretrained._transposed(m, leaf[-1])
-    assert view == (m.stack is None and arrays[0].offset % placement.ALIGN == 0)
+    assert view and m.stack is None
     kinds.add((m.layout, view))
     if view:
       assert np.array_equal(np.asarray(flat[leaf]), np.asarray(arrays[0]).reshape(shapes[leaf]))
@@ -109,14 +109,16 @@ def test_saved_tensors_start_aligned_and_stored_leaves_are_views(tmp_path):
     assert pretrained._transposed(m, leaf[-1]) == (m.layout == "linear")  # Llama's Linears have no bias
 
 
-@pytest.mark.parametrize("family, other", [("llama", "kernel"), ("qwen2", "kernel"), ("gpt2", "weight")])
-def test_either_dense_layout_loads_the_same_model_and_saves_the_same_files(family, other, tmp_path):
-  """A checkpoint loads in its family's layout (Linear weights as stored) or the other one
-  (transposed on the way): the same logits, and either saves the checkpoint's bytes back."""
-  path = os.path.join(HF, family)
+@pytest.mark.parametrize("family", ["llama", "llama_kv4", "qwen2"])
+def test_either_dense_layout_loads_the_same_model_and_saves_the_same_files(family, tmp_path):
+  """A checkpoint loads in its family's layout (Linear weights as stored) or as kernels
+  (transposed on the way; with as many key/value heads as query heads, q, k and v fused): the
+  same logits, and either saves the checkpoint's bytes back. GPT-2's fused Conv1D c_attn
+  loads as kernels only: asked for weights, one clear line."""
+  path, other = os.path.join(HF, family), "kernel"
   cfg, params = pretrained.load(path)
   cfg_o, params_o = pretrained.load(path, dense_layout=other)
-  assert cfg.dense_layout == ("kernel" if family == "gpt2" else "weight") and cfg_o.dense_layout == other
+  assert cfg.dense_layout == "weight" and cfg_o.dense_layout == other
   assert {param_paths.path_names(p)[-1] for p, _ in jax.tree_util.tree_flatten_with_path(params_o)[0]} >= {other}
   ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 7)).astype(np.int32)
   apply = compiled(model.apply)
@@ -128,6 +130,10 @@ def test_either_dense_layout_loads_the_same_model_and_saves_the_same_files(famil
     assert saved.keys() <= source.keys()
     for k in saved:
       assert np.asarray(saved[k]).tobytes() == np.asarray(source[k]).tobytes(), (name, k)
+  if family == "llama_kv4":
+    assert "qkv" in params_o["block_0"]["attn"] and "qkv" not in params["block_0"]["attn"]
+  with pytest.raises(ValueError, match="gpt2 holds q, k and v in one Conv1D tensor"):
+    pretrained.load(os.path.join(HF, "gpt2"), dense_layout="weight")
 
 
 def test_cast_on_load_equals_jax_cast():

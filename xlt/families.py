@@ -242,9 +242,8 @@ def _decoder_table(cfg: model.Config, norms: dict = _NORMS) -> dict:
     for x in "qkv":
       t[(b, "attn", x, w)] = Map((f"{p}self_attn.{x}_proj.weight",), "linear")
       t[(b, "attn", x, "bias")] = Map((f"{p}self_attn.{x}_proj.bias",), num_in=0)
-    # the fused qkv: [D, 3, H, K] as a kernel, [3, H, K, D] as a weight
-    t[(b, "attn", "qkv", w)] = Map(tuple(f"{p}self_attn.{x}_proj.weight" for x in "qkv"), "linear",
-                                   stack=1 if w == "kernel" else 0)
+    # the fused qkv [D, 3, H, K] of a kernel model with as many key/value heads as query heads
+    t[(b, "attn", "qkv", "kernel")] = Map(tuple(f"{p}self_attn.{x}_proj.weight" for x in "qkv"), "linear", stack=1)
     t[(b, "attn", "qkv", "bias")] = Map(tuple(f"{p}self_attn.{x}_proj.bias" for x in "qkv"), num_in=0, stack=0)
     t[(b, "attn", "proj", w)] = Map((f"{p}self_attn.o_proj.weight",), "linear", num_in=2)
     t[(b, "attn", "proj", "bias")] = Map((f"{p}self_attn.o_proj.bias",), num_in=0)

@@ -185,10 +185,11 @@ _dropout = layers.module_dropout
 
 def _qkv(c: Config, x_BxTxD):
   """Queries [B, T, H, K], keys and values [B, T, G, K]: one fused kernel [D, 3, H, K] (GPT-2's
-  c_attn) when every query head has its own key/value head, else separate q, k, v kernels."""
+  c_attn) when every query head has its own key/value head, else separate q, k, v. Weights
+  (`dense_layout="weight"`) are never fused: each is then its checkpoint's tensor as stored."""
   h, g, k = c.num_heads, c.kv_heads, c.head_width
   bias = c.bias if c.qkv_bias is None else c.qkv_bias
-  if g == h:
+  if g == h and c.dense_layout == "kernel":
     qkv_BxTx3xHxK = layers.dense(c, (3, h, k), "qkv", ("embed", "qkv", "heads", "kv"), use_bias=bias)(x_BxTxD)
     # split, not indexing: the gradient of a split is one concatenate, where three index ops
     # became three zero-padded copies of the [B, T, 3, H, K] tensor added up (XLA:CPU: ~10%

@@ -14,8 +14,8 @@ their layout. The families with torch Linear layers load as `dense_layout="weigh
 (xlt.model.Config): their [out, in] weights are xlt's [out..., in...] weight leaves as stored
 (the axes split into heads by a reshape); GPT-2's Conv1D weights [in, out] are xlt's [in...,
 out...] kernels as stored. A leaf in the other layout is transposed on the way (an own model
-saved as a Llama). q, k and v stack into xlt's fused qkv ([3, H, K, D] as a weight) when there
-are as many key/value heads as query heads. A tied lm_head is not a tensor (the embedding
+saved as a Llama). q, k and v stack into the fused qkv kernel [D, 3, H, K] of a kernel model with as many
+key/value heads as query heads (a weight model keeps them apart). A tied lm_head is not a tensor (the embedding
 table serves).
 
 Loading maps the files and places one leaf at a time (`_place`): a tensor stored as xlt holds it
@@ -210,6 +210,9 @@ def load(path: str, *, mesh=None, rules=None, dtype: str | None = None, dense_la
   hf_sizes.check(hf, tensors, path)  # before any shape is built from config.json
   cfg = config_from_hf(hf, dtype=dtype or _file_dtype(tensors))
   if dense_layout is not None:
+    if dense_layout == "weight" and family_of(hf) == "gpt2":  # weights are never fused (model._qkv)
+      raise ValueError(f"{path}: gpt2 holds q, k and v in one Conv1D tensor (c_attn), so it loads as kernels "
+                       "only (dense_layout='kernel')")
     cfg = dataclasses.replace(cfg, dense_layout=dense_layout)
   if mesh is not None:
     cfg = dataclasses.replace(cfg, vocab_padding=vocab_padding(cfg.vocab_size, mesh, rules or sharding.DEFAULT_RULES))
