@@ -95,7 +95,7 @@ def xlt_child(a) -> dict:
 
   from xlt import decode, pretrained
 
-  cfg, params = pretrained.load(a.model, dtype="float32")
+  cfg, params = pretrained.load(a.model, dtype="float32", dense_layout=decode.DENSE_LAYOUT)  # as xlt.generate
   out = {}
   for batch in a.batches:
     rows = prompts(batch, a.prompt, cfg.vocab_size).tolist()

@@ -145,7 +145,7 @@ def write_jsonl(path, rows):
 def fake_model(tiny, monkeypatch):
   """The command with the tiny model in place of xlt.pretrained's."""
   cfg, params, _ = tiny
-  monkeypatch.setattr(generate, "load_model", lambda path, dtype, mesh=None: (cfg, params))
+  monkeypatch.setattr(generate, "load_model", lambda path, dtype, mesh=None, dense_layout=None: (cfg, params))
   return cfg, params
 
 
@@ -212,6 +212,7 @@ def test_llama_end_to_end(tmp_path):
   pytest.importorskip("xlt.pretrained")
   tok = hf_tokenizer.load(LLAMA)
   cfg, params = generate.load_model(LLAMA, None)
+  assert cfg.dense_layout == "kernel"  # decoding's layout (xlt.decode.DENSE_LAYOUT), not the family's
   prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "w1 w2 w3"}, {"prompt": "w7 w30 w5 w8 w9 w11"},
                                               {"messages": [{"role": "user", "content": "w12"}]}])
   output = str(tmp_path / "out.jsonl")
@@ -221,6 +222,10 @@ def test_llama_end_to_end(tmp_path):
            for ids in (tok.encode("w1 w2 w3"), tok.encode("w7 w30 w5 w8 w9 w11"), tok.encode_chat(
                [{"role": "user", "content": "w12"}]))]
   assert [x["ids"] for x in lines] == alone
+  weights = str(tmp_path / "weights.jsonl")  # the family's layout decodes the same ids
+  assert generate.main(["--model", LLAMA, "--prompts", prompts, "--output", weights, "--max_new=8",
+                        "--dense_layout=weight"]) == 0
+  assert [json.loads(x)["ids"] for x in open(weights)] == alone
   _check_transformers_generate(tok, [tok.encode("w1 w2 w3"), tok.encode("w7 w30 w5 w8 w9 w11")], alone[:2])
   greedy = os.path.join(LLAMA, "greedy_ids.npy")
   if not os.path.exists(greedy):

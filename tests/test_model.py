@@ -316,7 +316,7 @@ def test_weight_layout_computes_what_the_kernel_layout_does(family):
     out = {}
     for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
       names = param_paths.path_names(p)
-      if names[-2] == "qkv":  # [D, 3, H, K] / [3, H, K] -> q, k, v's [D, H, K] / [H, K]
+      if names[-2:-1] == ("qkv",):  # [D, 3, H, K] / [3, H, K] -> q, k, v's [D, H, K] / [H, K]
         for i, part in enumerate("qkv"):
           x_i = x[:, i] if names[-1] == "kernel" else x[i]
           w_i = as_weights({"m": {part: {names[-1]: x_i}}})["m"][part]

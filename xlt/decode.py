@@ -61,6 +61,11 @@ from xlt import sharding
 # Steps per jitted decoding chunk when a host `stop` function is given: it reads the text after
 # each chunk, so a shorter chunk decodes fewer tokens past a stop string, a longer one syncs less.
 CHUNK = 16
+# The layout the decoding entry points (xlt.generate, the lm-eval model) load a checkpoint in
+# (model.Config.dense_layout): XLA:CPU multiplies decoding's few rows against [in, out]
+# kernels faster than against torch's [out, in] weights (benchmarks/decode_speed.py, the
+# lm-eval benchmark's generate_until), which is worth one transpose per weight on load.
+DENSE_LAYOUT = "kernel"
 
 
 def parse_mesh(spec: str | None) -> dict | None:

@@ -181,6 +181,9 @@ def _parser() -> argparse.ArgumentParser:
                       "(MGSM), or the task's own scorer")
   p.add_argument("--block", type=int, default=None, help="perplexity: targets per row (default: the context)")
   p.add_argument("--dtype", default=None, help="the parameters' dtype (xlt.pretrained.load)")
+  p.add_argument("--dense_layout", default=decode_lib.DENSE_LAYOUT, choices=("kernel", "weight"),
+                 help="the dense layers' layout (xlt.model.Config.dense_layout): kernel decodes faster on a CPU, "
+                      "weight loads faster")
   p.add_argument("--mesh", default=None, help="devices as data=4,tensor=2 (xlt.decode.make_mesh; default one)")
   p.add_argument("--traceback", action="store_true", help="on an error, the full trace instead of one line")
   return p
@@ -294,12 +297,13 @@ def run_prompts(args, cfg, params, tokenizer, records, prompts, answers, mesh=No
   return summary
 
 
-def load_model(path: str, dtype: str | None, mesh=None):
+def load_model(path: str, dtype: str | None, mesh=None, dense_layout: str = decode_lib.DENSE_LAYOUT):
   """(cfg, params) of a Hugging Face model directory (xlt.pretrained; imported here, so the
-  inputs are checked before the model loader and its dependencies load), laid out on `mesh`."""
+  inputs are checked before the model loader and its dependencies load), laid out on `mesh`,
+  its dense layers as `dense_layout` (default: decoding's, xlt.decode.DENSE_LAYOUT)."""
   from xlt import pretrained
 
-  return pretrained.load(path, dtype=dtype, mesh=mesh)
+  return pretrained.load(path, dtype=dtype, mesh=mesh, dense_layout=dense_layout)
 
 
 def run(argv: list[str]) -> dict | None:
@@ -323,7 +327,7 @@ def run(argv: list[str]) -> dict | None:
         match("", None, "task", r)
   mesh = decode_lib.make_mesh(args.mesh)
   tokenizer = hf_tokenizer.load(args.model)
-  cfg, params = load_model(args.model, args.dtype, mesh)
+  cfg, params = load_model(args.model, args.dtype, mesh, args.dense_layout)
   if args.prompts is not None:
     return run_prompts(args, cfg, params, tokenizer, records, prompts, answers, mesh)
   with open(args.perplexity, encoding="utf-8") as f:

@@ -13,7 +13,8 @@ lm-eval's `hf` backend token for token (tests/test_eval_harness.py holds it to t
 answers). model_args: pretrained (a Hugging Face model directory), dtype (float32, bfloat16,
 float16; default the checkpoint's), batch_size, max_length (default the model's context),
 mesh ("data=4;tensor=2": `;` between axes, since lm-eval splits model_args at commas),
-max_gen_toks (default 256, as hf's), chat_template (a named template of the tokenizer's files).
+max_gen_toks (default 256, as hf's), chat_template (a named template of the tokenizer's files),
+dense_layout (kernel or weight: xlt.model.Config.dense_layout; default xlt.decode.DENSE_LAYOUT).
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ class XltLM(TemplateLM):
   # device and max_batch_size: lm-eval passes them to every model; jax places this one
   def __init__(self, pretrained: str, dtype: str | None = None, batch_size: int | str = 16,
                max_length: int | None = None, mesh: str | None = None, max_gen_toks: int = 256,
-               chat_template: str | None = None, device: str | None = None, max_batch_size: int | None = None):
+               chat_template: str | None = None, device: str | None = None, max_batch_size: int | None = None,
+               dense_layout: str = decode.DENSE_LAYOUT):
     super().__init__()
     from xlt import pretrained as pretrained_lib  # the model loader and its dependencies
 
     mesh = decode.make_mesh(str(mesh).replace(";", ",") if mesh else None)
-    cfg, params = pretrained_lib.load(str(pretrained), mesh=mesh, dtype=dtype)
+    cfg, params = pretrained_lib.load(str(pretrained), mesh=mesh, dtype=dtype, dense_layout=dense_layout)
     batch = 16 if str(batch_size).startswith("auto") else int(batch_size)
     self._setup(cfg, params, hf_tokenizer.load(str(pretrained), chat_template), mesh, batch, max_length,
                 max_gen_toks, str(pretrained))
