@@ -38,7 +38,7 @@ from xlt import layers
 from xlt import matmul
 from xlt import model as model_lib
 from xlt.io import tensor_files
-from xlt.param_paths import XLT, dense_leaf, path_names, path_str
+from xlt.param_paths import DENSE_LEAVES, XLT, dense_leaf, path_names, path_str
 
 KINDS = ("attn", "mlp")  # every kernel of these: attn/{qkv | q, k, v; proj}, mlp/{fc | gate, up; proj}
 
@@ -52,7 +52,8 @@ def is_composite(params) -> bool:
   return isinstance(params, dict) and set(params) == {"base", "lora"}
 
 
-def _in_out(path, shape) -> tuple[int, int]:
+def in_out(path, shape) -> tuple[int, int]:
+  """(inputs, outputs) of a dense leaf of `shape`: its non-row and row axes' sizes (xlt.param_paths)."""
   out_axes = XLT.row_axes(path_names(path), tuple(shape))
   out = math.prod(shape[a] for a in out_axes)
   return math.prod(shape) // out, out
@@ -69,7 +70,7 @@ def targets(params, labels=None, trainable=None) -> list[tuple[str, ...]]:
   for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
     names = path_names(p)
     block, kind = XLT.block_kind(names)
-    if block is None or kind not in KINDS or names[-1] not in ("kernel", "weight"):
+    if block is None or kind not in KINDS or names[-1] not in DENSE_LEAVES:
       continue
     if chosen is None or label_of[names] in chosen:
       out.append(names)
@@ -98,7 +99,7 @@ def init(params, rng, *, rank: int, alpha: float, labels=None, trainable=None) -
     raise ValueError("LoRA: no kernel gets an adapter (no attn / mlp kernel has a trainable label)")
   out = {"scale": jnp.asarray(scale(rank, alpha), jnp.float32)}
   for i, p in enumerate(paths):
-    n_in, n_out = _in_out(p, flat[p].shape)
+    n_in, n_out = in_out(p, flat[p].shape)
     if rank > min(n_in, n_out):
       raise ValueError(f"LoRA rank {rank} exceeds {path_str(p)}'s {n_out} x {n_in} matrix "
                        f"(at most min(out, in) = {min(n_in, n_out)})")

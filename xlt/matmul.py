@@ -80,16 +80,15 @@ def dense_t(x, w, n: int, precision=None):
   """x's last n axes against w's last n: a dense layer whose weight is stored [out..., in...]
   as torch's Linear holds it (xlt.layers.Linear), its weight gradient dy^T x by
   `_transposed_product` on CPU, its input gradient dy @ w a plain product."""
-  dims = ((tuple(range(x.ndim - n, x.ndim)), tuple(range(w.ndim - n, w.ndim))), ((), ()))
-  if not _on_cpu():
-    return jax.lax.dot_general(x, w, dims, precision=precision)
-  return _dense_t(x, w, n, precision)
+  return _dense_t(x, w, n, precision) if _on_cpu() else _product_t(x, w, n, precision)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _dense_t(x, w, n, precision):
+def _product_t(x, w, n, precision):
   dims = ((tuple(range(x.ndim - n, x.ndim)), tuple(range(w.ndim - n, w.ndim))), ((), ()))
   return jax.lax.dot_general(x, w, dims, precision=precision)
+
+
+_dense_t = functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))(_product_t)
 
 
 def _dense_t_bwd(n, precision, residuals, dy):

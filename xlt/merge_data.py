@@ -12,7 +12,6 @@ and tokenizer) with merge_config.json. A user error is one line on stderr and ex
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 
@@ -26,7 +25,7 @@ from xlt.data import sft
 from xlt.io import fileio
 from xlt.io import hf_dir as hf
 from xlt.merge import registry
-from xlt.param_paths import XLT, path_names
+from xlt.param_paths import path_names
 
 STATISTICS = {"regmean": "grams", "fisher": "fishers"}
 
@@ -40,8 +39,7 @@ def estimate_bytes(method: str, params, batch_size: int) -> int:
   kernel (RegMean), or batch_size per-sequence gradients plus the running sum (Fisher)."""
   if method == "regmean":
     flat = {path_names(p): np.shape(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-    rows = {k: XLT.row_axes(k, flat[k]) for k in lora.targets(params)}
-    return sum(4 * math.prod(n for i, n in enumerate(flat[k]) if i not in rows[k]) ** 2 for k in rows)
+    return sum(4 * lora.in_out(k, flat[k])[0] ** 2 for k in lora.targets(params))
   return 4 * (batch_size + 2) * sum(int(np.size(x)) for x in jax.tree.leaves(params))
 
 

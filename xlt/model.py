@@ -47,7 +47,7 @@ from xlt.layers import DROPOUT_BITS, causal_attention, dropout, gelu, rope  # no
 
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")
 MLPS = ("gelu", "swiglu", "geglu")
-DENSE_LAYOUTS = ("kernel", "weight")  # Config.dense_layout, each the name of its dense leaves
+DENSE_LAYOUTS = param_paths.DENSE_LEAVES  # Config.dense_layout, each the name of its dense leaves
 # what a rematerialised Block keeps for the backward pass (jax.checkpoint policies)
 REMAT_POLICIES = {"nothing": jax.checkpoint_policies.nothing_saveable,
                   "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}

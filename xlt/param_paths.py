@@ -115,6 +115,10 @@ def xlt_block_kind(path) -> tuple[int | None, str]:
   return block, next((n for n in names[1:] if n in ("attn", "mlp")), "norm")
 
 
+# the names of a dense layer's weight leaf, one per layout (xlt.model.Config.dense_layout)
+DENSE_LEAVES = ("kernel", "weight")
+
+
 def xlt_row_axes(path, shape) -> tuple[int, ...]:
   """Rows = output units. A dense leaf named "kernel" (flax's layout) is [in..., out...], one
   named "weight" (torch Linear's: xlt.model.Config.dense_layout) [out..., in...]. attn/proj
@@ -125,7 +129,7 @@ def xlt_row_axes(path, shape) -> tuple[int, ...]:
   norms (q_norm / k_norm [K] included) and other 1-D leaves: one row.
   """
   names = path_names(path)
-  if names and names[-1] in ("kernel", "weight"):
+  if names and names[-1] in DENSE_LEAVES:
     num_in = 2 if names[-3:-1] == ("attn", "proj") else 1
     if len(shape) <= num_in:
       return ()
@@ -138,7 +142,7 @@ def xlt_row_axes(path, shape) -> tuple[int, ...]:
 def dense_leaf(module_path, leaves):
   """The path of the dense leaf ("kernel" or "weight") of the module at `module_path` among
   `leaves` (a collection of paths), or None: what a method interceptor adapts or measures."""
-  return next((p for n in ("kernel", "weight") if (p := tuple(module_path) + (n,)) in leaves), None)
+  return next((p for n in DENSE_LEAVES if (p := tuple(module_path) + (n,)) in leaves), None)
 
 
 def xlt_local_name(path) -> str:

@@ -14,9 +14,9 @@ their layout. The families with torch Linear layers load as `dense_layout="weigh
 (xlt.model.Config): their [out, in] weights are xlt's [out..., in...] weight leaves as stored
 (the axes split into heads by a reshape); GPT-2's Conv1D weights [in, out] are xlt's [in...,
 out...] kernels as stored. A leaf in the other layout is transposed on the way (an own model
-saved as a Llama). q, k and v stack into the fused qkv kernel [D, 3, H, K] of a kernel model with as many
-key/value heads as query heads (a weight model keeps them apart). A tied lm_head is not a tensor (the embedding
-table serves).
+saved as a Llama). q, k and v stack into the fused qkv kernel [D, 3, H, K] of a kernel model
+with as many key/value heads as query heads (a weight model keeps them apart). A tied lm_head
+is not a tensor (the embedding table serves).
 
 Loading maps the files and places one leaf at a time (`_place`): a tensor stored as xlt holds it
 is a view of the file (on a CPU, the parameter itself); any other is copied once, transposed and
@@ -101,12 +101,11 @@ def table(cfg: model.Config, family: str, shapes: dict) -> dict:
   return {p: full[p] for p in shapes}
 
 
-def _two_d(m: Map, name: str, shape: tuple[int, ...]) -> tuple[tuple[int, int], bool]:
-  """(the xlt leaf `name` of `shape` as 2-D, its input axes and its other axes each flattened in
-  its own order, whether the Hugging Face tensor holds that transposed): a kernel is
-  [in..., out...], a weight [out..., in...]; a Linear is [out, in], a Conv1D [in, out]."""
+def _leaf_2d(m: Map, name: str, shape: tuple[int, ...]) -> tuple[int, int]:
+  """The xlt leaf `name` of `shape` as 2-D, its input axes and its other axes each flattened,
+  in its own order: a kernel is [in..., out...], a weight [out..., in...]."""
   split = len(shape) - m.num_in if name == "weight" else m.num_in
-  return (math.prod(shape[:split]), math.prod(shape[split:])), (m.layout == "linear") == (name == "kernel")
+  return math.prod(shape[:split]), math.prod(shape[split:])
 
 
 def _hf_shape(m: Map, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -117,8 +116,8 @@ def _hf_shape(m: Map, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(shape)
   if m.num_in == 0:
     return (math.prod(shape),)
-  two, transposed = _two_d(m, name, shape)
-  return two[::-1] if transposed else two
+  two = _leaf_2d(m, name, shape)
+  return two[::-1] if _transposed(m, name) else two
 
 
 def _to_hf(m: Map, name: str, x: np.ndarray) -> list[np.ndarray]:
@@ -281,8 +280,8 @@ def _unpadded(cfg: model.Config, leaf: tuple, shape: tuple[int, ...]) -> tuple[i
 
 def _transposed(m: Map, name: str) -> bool:
   """Whether the leaf `name` holds its tensors transposed (a torch Linear's [out, in] as an
-  [in, out] kernel, a Conv1D's as a weight): copied on load, never a view of the file."""
-  return m.layout != "copy" and m.num_in > 0 and _two_d(m, name, ())[1]
+  [in, out] kernel, a Conv1D's [in, out] as a weight): copied on load, never a view of the file."""
+  return m.layout != "copy" and m.num_in > 0 and (m.layout == "linear") == (name == "kernel")
 
 
 def _is_view(cfg, leaf, m: Map, arrays: list, shape: tuple[int, ...]) -> bool:
@@ -329,7 +328,7 @@ def _place(cfg, leaf, m: Map, arrays: list, shape: tuple[int, ...], host, where,
 def _dst_2d(m: Map, name: str, member: np.ndarray) -> np.ndarray:
   """`member` (one Hugging Face tensor's part of the leaf `name`) as the 2-D view the tensor's
   rows (or, when `_transposed`, columns) are copied into, without a copy."""
-  shape = _two_d(m, name, member.shape)[0] if m.num_in else (member.size, 1)
+  shape = _leaf_2d(m, name, member.shape) if m.num_in else (member.size, 1)
   view = member.view()
   view.shape = shape  # raises rather than copy: every table's member is a reshapable view
   return view
