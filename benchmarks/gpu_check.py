@@ -70,7 +70,11 @@ JOBS = {
     "xlt decode": ("llama-1b", "decode", "auto", "bfloat16", "none", (8, 64), 128),  # batches, prompt = new
     "xlt 8b full": ("llama-8b", "full", "auto", "bfloat16", "block", 2, 2048),  # float32 moments
     "xlt full cudnn cublas": ("llama-1b", "full", "auto", "float32", "none", 8, 2048),  # ENV's XLA flags
+    # as a loaded Hugging Face Llama holds its dense layers: torch's [out, in] weights (CONFIG)
+    "xlt full cudnn weight": ("llama-1b", "full", "auto", "float32", "none", 8, 2048),
 }
+# a job's model.Config fields beside its tuple's
+CONFIG = {"xlt full cudnn weight": dict(dense_layout="weight")}
 # a job's environment beside the parent's: XLA's GPU flags that MaxText's GPU recipes set (cuBLAS
 # rather than Triton's generated matrix products; the latency-hiding scheduler), and the 8B jobs'
 # share of the device's memory (jax's default 75% leaves the 8B step short)
@@ -79,8 +83,8 @@ ENV = {"xlt full cudnn cublas": {"XLA_FLAGS": TUNED_FLAGS},
        "xlt 8b lora": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"},
        "xlt 8b full": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"}}
 # by priority: jobs run while --budget_s lasts, so the issue's figures come first
-DEFAULT_JOBS = ("xlt full cudnn", "torch full", "xlt lora cudnn", "torch lora", "xlt decode", "xlt 8b lora",
-                "xlt full cudnn b4", "xlt full xla", "attention")
+DEFAULT_JOBS = ("xlt full cudnn", "torch full", "xlt lora cudnn", "torch lora", "xlt 8b lora", "xlt decode",
+                "xlt full cudnn weight", "xlt full cudnn b4", "xlt full xla", "attention")
 QUICK_BATCH = (8, 64)  # --quick's batch and sequence (8 rows: any CPU device count the tests make divides it)
 QUICK = dict(vocab_size=1024, d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, mlp_dim=256)
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 FLOP/s (SXM)
@@ -163,23 +167,26 @@ def _median_step(run, steps: int) -> tuple[float, float, float]:
 
 def random_params(cfg):
   """N(0, 0.02) in every leaf, made on the device leaf by leaf: speed and memory do not
-  depend on the values, and flax's init traces the whole model (a minute at 8B)."""
+  depend on the values, and flax's init traces the whole model (a minute at 8B). One small
+  program per distinct leaf shape (a dozen), not one program of every leaf: that one took
+  most of a job's minute of set-up on the GPU."""
+  import functools
+
   import jax
 
   from xlt import model
 
+  @functools.partial(jax.jit, static_argnums=(1, 2))
+  def normal(key, shape, dtype):
+    return (0.02 * jax.random.normal(key, shape)).astype(dtype)
+
   shapes = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
   leaves, tree = jax.tree.flatten(shapes)
-
-  @jax.jit
-  def make(key):
-    keys = jax.random.split(key, len(leaves))
-    return tree.unflatten([(0.02 * jax.random.normal(k, x.shape)).astype(x.dtype) for k, x in zip(keys, leaves)])
-
-  return make(jax.random.key(0))
+  keys = jax.random.split(jax.random.key(0), len(leaves))
+  return tree.unflatten([normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
 
 
-def xlt_job(job: tuple, quick: bool, steps: int) -> dict:
+def xlt_job(job: tuple, quick: bool, steps: int, config: dict | None = None) -> dict:
   import jax
   import ml_collections
   import numpy as np
@@ -189,13 +196,14 @@ def xlt_job(job: tuple, quick: bool, steps: int) -> dict:
   shape_name, mode, attention, param_dtype, remat, batch, seq = job
   shape = QUICK if quick else SHAPES[shape_name]
   batch, seq = QUICK_BATCH if quick else (batch, seq)
-  cfg = model_config(shape, attention, param_dtype, remat, seq)
+  cfg = dataclasses.replace(model_config(shape, attention, param_dtype, remat, seq), **(config or {}))
   # bf16 parameters trained whole keep Adam's moments in float32 (opt.state_dtype)
   state_dtype = "float32" if mode == "full" and param_dtype == "bfloat16" else ""
   tx = train.make_optimizer(ml_collections.ConfigDict(dict(OPT, state_dtype=state_dtype)))
   mesh = sharding.make_mesh({"data": -1})
   t0 = time.perf_counter()
-  params = random_params(cfg)
+  params = jax.block_until_ready(random_params(cfg))
+  params_s = time.perf_counter() - t0
   if mode == "lora":
     params = {"base": params, "lora": lora.init(params, jax.random.key(1), **LORA)}
   stacked = jax.tree.map(lambda x: x[None], params)
@@ -231,9 +239,10 @@ def xlt_job(job: tuple, quick: bool, steps: int) -> dict:
   if mode == "lora":  # the frozen base has no weight gradients: 4 N, the adapters 6 N
     through = (4 * through + 6 * trained) / 6
   return {"device": dev.device_kind, "jax": jax.__version__, "attention": est["setting"]["attention"],
+          "dense_layout": cfg.dense_layout,
           "state_dtype": state_dtype or param_dtype, "batch": batch, "seq": seq,
           "params": int(sum(x.size for x in jax.tree.leaves(base))), "trained": int(trained),
-          "init_s": init_s, "first_step_s": first, "step_s": step_s, "first_loss": loss,
+          "init_s": init_s, "params_s": params_s, "first_step_s": first, "step_s": step_s, "first_loss": loss,
           "tokens_per_s": batch * seq / step_s,
           "model_flops_per_step": model_flops_per_token(cfg, through, seq) * batch * seq,
           "peak_bytes": stats.get("peak_bytes_in_use"), "device_bytes": stats.get("bytes_limit"),
@@ -332,8 +341,9 @@ def child(name: str, quick: bool, steps: int) -> dict:
     return attention_check(quick)
   if name == "xlt decode":
     return decode_job(JOBS[name], quick, steps)
-  job = JOBS[name]
-  return (torch_job if name.startswith("torch") else xlt_job)(job, quick, steps)
+  if name.startswith("torch"):
+    return torch_job(JOBS[name], quick, steps)
+  return xlt_job(JOBS[name], quick, steps, CONFIG.get(name))
 
 
 COLUMNS = ["job", "xlt step s", "xlt tok/s", "xlt MFU %", "xlt peak GiB", "xlt estimate GiB", "PyTorch step s",
@@ -341,6 +351,7 @@ COLUMNS = ["job", "xlt step s", "xlt tok/s", "xlt MFU %", "xlt peak GiB", "xlt e
 # row label: (xlt job, PyTorch job or None)
 ROWS = {"1B full, cuDNN attention": ("xlt full cudnn", "torch full"),
         "1B full, cuDNN attention, cuBLAS + LHS flags": ("xlt full cudnn cublas", "torch full"),
+        "1B full, cuDNN attention, [out, in] weights (a loaded model's layout)": ("xlt full cudnn weight", "torch full"),
         "1B full, batch 4, cuDNN attention": ("xlt full cudnn b4", None),
         "1B full, batch 4, XLA attention": ("xlt full xla", None),
         "1B LoRA r16": ("xlt lora cudnn", "torch lora"),
