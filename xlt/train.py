@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import optax
 
 from xlt import composite
+from xlt import cross_entropy
 from xlt import ensemble as ensemble_lib
 from xlt import model as model_lib
 from xlt import sharding
@@ -155,7 +156,7 @@ def loss_sums(cfg: model_lib.Config, params, batch, dropout_rng=None) -> tuple[j
   params (xlt.composite); with `dropout_rng`, the model's dropout is on (training)."""
   tokens_BxT = batch["tokens"]
   logits_BxTxV, _ = composite.apply(cfg, params, tokens_BxT[:, :-1], dropout_rng)
-  ce_BxT = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, tokens_BxT[:, 1:])
+  ce_BxT = cross_entropy.tokens(logits_BxTxV, tokens_BxT[:, 1:], cross_entropy.residual_dtype(cfg))
   mask_BxT = batch["loss_mask"]
   return (ce_BxT * mask_BxT).sum(), mask_BxT.sum()
 
