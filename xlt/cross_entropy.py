@@ -6,10 +6,8 @@ The model returns float32 logits (the head's bf16 product cast up). Differentiat
 bf16 cast, 8.4 GB each, about 11 ms of a 240 ms step (benchmarks/gpu_check.py's trace).
 `tokens` computes the same loss with a custom VJP whose only large residual is the logits cast
 back to the compute dtype, which is lossless (they were computed in it) and which XLA folds
-into the head's own output, and whose gradient `softmax - one_hot` is one fused pass.
-
-On CPU xlt keeps optax's formula: every CPU result in results/ was computed with it, and the
-custom formula rounds the gradient differently (`exp(l - lse)` against `exp(l - max) / sum`).
+into the head's own output, and whose gradient is one fused pass. Its steps are autodiff's of
+optax's formula, so on CPU the loss and its gradient equal optax's bit for bit.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import optax
 
 
@@ -27,17 +26,22 @@ def _cross_entropy(logits_BxTxV, labels_BxT, residual_dtype):
 
 
 def _forward(logits_BxTxV, labels_BxT, residual_dtype):
-  lse_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
+  # jax.nn.logsumexp's own steps, so that the value and the gradient below are autodiff's of
+  # optax's formula bit for bit (tests/test_cross_entropy.py)
+  max_BxTx1 = jnp.max(logits_BxTxV, axis=-1, keepdims=True, initial=-jnp.inf)
+  max_BxTx1 = lax.select(jnp.isfinite(max_BxTx1), max_BxTx1, lax.full_like(max_BxTx1, 0))
+  sum_BxTx1 = jnp.abs(jnp.sum(jnp.exp(logits_BxTxV - max_BxTx1), axis=-1, keepdims=True))
+  lse_BxT = (jnp.log(sum_BxTx1) + max_BxTx1)[..., 0]
   label_BxT = jnp.take_along_axis(logits_BxTxV, labels_BxT[..., None], axis=-1)[..., 0]
-  return lse_BxT - label_BxT, (logits_BxTxV.astype(residual_dtype), labels_BxT, lse_BxT)
+  return lse_BxT - label_BxT, (logits_BxTxV.astype(residual_dtype), labels_BxT, max_BxTx1, sum_BxTx1)
 
 
 def _backward(residual_dtype, res, g_BxT):
   del residual_dtype
-  logits_BxTxV, labels_BxT, lse_BxT = res
-  p_BxTxV = jnp.exp(logits_BxTxV.astype(lse_BxT.dtype) - lse_BxT[..., None])
-  onehot_BxTxV = jax.nn.one_hot(labels_BxT, p_BxTxV.shape[-1], dtype=p_BxTxV.dtype)
-  return (p_BxTxV - onehot_BxTxV) * g_BxT[..., None], None
+  logits_BxTxV, labels_BxT, max_BxTx1, sum_BxTx1 = res
+  exp_BxTxV = jnp.exp(logits_BxTxV.astype(max_BxTx1.dtype) - max_BxTx1)
+  onehot_BxTxV = jax.nn.one_hot(labels_BxT, exp_BxTxV.shape[-1], dtype=exp_BxTxV.dtype)
+  return exp_BxTxV * (g_BxT[..., None] / sum_BxTx1) - onehot_BxTxV * g_BxT[..., None], None
 
 
 _cross_entropy.defvjp(_forward, _backward)
@@ -54,8 +58,6 @@ def tokens(logits_BxTxV, labels_BxT, residual_dtype=None):
 
 
 def residual_dtype(cfg):
-  """The dtype `tokens` keeps the logits in for `cfg`'s model on this backend (None: optax's
-  formula, kept on CPU). A soft-capped head (Gemma 2) has float32 logits past its tanh."""
-  if jax.default_backend() == "cpu":
-    return None
+  """The dtype `tokens` keeps the logits of `cfg`'s model in: its compute dtype, in which its
+  head computed them, or float32 past a soft cap (Gemma 2: the logits' tanh is float32)."""
   return "float32" if cfg.final_logit_softcap else cfg.dtype
