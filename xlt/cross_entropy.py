@@ -17,7 +17,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
-import optax
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -47,13 +46,11 @@ def _backward(residual_dtype, res, g_BxT):
 _cross_entropy.defvjp(_forward, _backward)
 
 
-def tokens(logits_BxTxV, labels_BxT, residual_dtype=None):
-  """Cross-entropy of each position [B, T]: float logits [B, T, V], integer labels [B, T].
-  `residual_dtype` None: optax's `softmax_cross_entropy_with_integer_labels`; a dtype: the same
-  loss, its backward pass keeping the logits cast to that dtype (lossless only if every logit
-  is representable in it: the compute dtype of a head without a soft cap)."""
-  if residual_dtype is None:
-    return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, labels_BxT)
+def tokens(logits_BxTxV, labels_BxT, residual_dtype):
+  """Cross-entropy of each position [B, T]: float logits [B, T, V], integer labels [B, T]; optax's
+  `softmax_cross_entropy_with_integer_labels`, its backward pass keeping the logits cast to
+  `residual_dtype` (lossless only if every logit is representable in it: the compute dtype of a
+  head without a soft cap, `residual_dtype(cfg)`)."""
   return _cross_entropy(logits_BxTxV, labels_BxT, jnp.dtype(residual_dtype))
 
 

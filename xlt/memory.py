@@ -49,13 +49,13 @@ s = bytes of the compute dtype (the scores and logits are float32 in xlt's model
 plus, once: the final norm (2 b T D s) and the head (b T V (8 + s')): float32 logits and
 their softmax for the cross-entropy; and the backward pass's transients: one layer's set
 again (the gradients of the layer whose backward runs) and the logits' gradient (4 b T V).
-On a GPU or TPU the cross-entropy (xlt.cross_entropy) keeps no softmax and no separate float32
-gradient, so the head is counted as the float32 logits once (b T V (4 + s')), an upper bound:
-its residual is the logits in the compute dtype. On an H200 (benchmarks/gpu_check.py,
-docs/speed.md) the device's peak was 0.76x this estimate for a Llama 3.2 1B-shaped full step
-(vocabulary 128256, B=8, T=2048; 0.74x at B=16), 0.82x for its LoRA step, and 1.15x for a
-Llama 3.1 8B-shaped LoRA step with remat (B=4): leave that
-margin when a recipe is near the device's size.
+That is what XLA:CPU's buffers measure (tests/test_memory.py). On a GPU or TPU the
+cross-entropy (xlt.cross_entropy) keeps no softmax and no separate float32 gradient, so the
+head is counted as the float32 logits once (b T V (4 + s')), an upper bound: its residual is
+the logits in the compute dtype. On an H200 (benchmarks/gpu_check.py, docs/speed.md) the
+device's peak was 0.76x this estimate for a Llama 3.2 1B-shaped full step (vocabulary 128256,
+B=8, T=2048; 0.74x at B=16), 0.82x for its LoRA step, and 1.15x for a Llama 3.1 8B-shaped LoRA
+step with remat (B=4): leave that margin when a recipe is near the device's size.
 With `remat` (jax.checkpoint per block) a layer keeps only its input (b T D s) and one
 layer's full set is live again during its recomputation.
 Dropout masks, the embedding gather and XLA's fusion choices are not modelled: XLA's own
@@ -182,7 +182,7 @@ def activation_terms(model_cfg, micro_batch: int, seq: int, *, compute_dtype=Non
   layer_input = b * t * c.d_model * s
   layers = c.num_layers * layer_input + full if remat else c.num_layers * full
   logits = b * t * split(c.vocab_size) * 4
-  # on an accelerator xlt.cross_entropy keeps no softmax and no float32 gradient
+  # an accelerator holds the float32 logits once (xlt.cross_entropy), XLA:CPU about twice
   head = 2 * b * t * c.d_model * s + logits * (1 if accelerator else 2) + b * t * split(c.vocab_size) * s_copy
   backward = full + (0 if accelerator else logits)  # one layer's activation gradients, the logits' gradient
   return {"per_layer": per_layer, "layers": layers, "head": head, "backward": backward,
