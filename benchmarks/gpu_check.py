@@ -75,6 +75,7 @@ JOBS = {
     "xlt full cudnn cublas": ("llama-1b", "full", "auto", "float32", "none", 8, 2048),  # ENV's XLA flags
     # as a loaded Hugging Face Llama holds its dense layers: torch's [out, in] weights (CONFIG)
     "xlt full cudnn weight": ("llama-1b", "full", "auto", "float32", "none", 8, 2048),
+    "xlt full cudnn triton": ("llama-1b", "full", "auto", "float32", "none", 8, 2048),  # ENV's XLA flags
 }
 # a job's model.Config fields beside its tuple's
 CONFIG = {"xlt full cudnn weight": dict(dense_layout="weight")}
@@ -83,6 +84,9 @@ CONFIG = {"xlt full cudnn weight": dict(dense_layout="weight")}
 # share of the device's memory (jax's default 75% leaves the 8B step short)
 TUNED_FLAGS = "--xla_gpu_enable_triton_gemm=false --xla_gpu_enable_latency_hiding_scheduler=true"
 ENV = {"xlt full cudnn cublas": {"XLA_FLAGS": TUNED_FLAGS},
+       # Triton's products considered for every dot, so that producers (casts, the gated
+       # activation) can fuse into a product's operands
+       "xlt full cudnn triton": {"XLA_FLAGS": "--xla_gpu_triton_gemm_any=true"},
        "xlt 8b lora": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"},
        "xlt 8b full": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"}}
 # by priority: jobs run while --budget_s lasts, so the issue's figures come first
@@ -354,6 +358,7 @@ COLUMNS = ["job", "xlt step s", "xlt tok/s", "xlt MFU %", "xlt peak GiB", "xlt e
 # row label: (xlt job, PyTorch job or None)
 ROWS = {"1B full, cuDNN attention": ("xlt full cudnn", "torch full"),
         "1B full, cuDNN attention, cuBLAS + LHS flags": ("xlt full cudnn cublas", "torch full"),
+        "1B full, cuDNN attention, Triton products for any dot": ("xlt full cudnn triton", "torch full"),
         "1B full, cuDNN attention, [out, in] weights (a loaded model's layout)": ("xlt full cudnn weight", "torch full"),
         "1B full, batch 4, cuDNN attention": ("xlt full cudnn b4", None),
         "1B full, batch 16, cuDNN attention": ("xlt full cudnn b16", None),
@@ -433,8 +438,10 @@ def main(argv=None):
     t0 = time.monotonic()
     try:
       env = os.environ | ENV.get(name, {})
-      if a.profile_dir and name == a.profile_job:
+      if a.profile_dir and name == a.profile_job:  # the trace, and the step's compiled HLO beside it
         env["XLT_PROFILE_DIR"] = a.profile_dir
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_dump_to={a.profile_dir}/hlo --xla_dump_hlo_as_text"
+                            " --xla_dump_hlo_module_re=.*step.*").strip()
       proc = subprocess.run(cmd, timeout=left, capture_output=True, text=True, env=env)
       if proc.returncode == 0:
         with open(tmp) as f:
