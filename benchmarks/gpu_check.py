@@ -76,6 +76,8 @@ JOBS = {
     # as a loaded Hugging Face Llama holds its dense layers: torch's [out, in] weights (CONFIG)
     "xlt full cudnn weight": ("llama-1b", "full", "auto", "float32", "none", 8, 2048),
     "xlt full cudnn triton": ("llama-1b", "full", "auto", "float32", "none", 8, 2048),  # ENV's XLA flags
+    "xlt full cudnn cublas merge": ("llama-1b", "full", "auto", "float32", "none", 8, 2048),  # ENV's XLA flags
+    "xlt full cudnn cublas b16": ("llama-1b", "full", "auto", "float32", "none", 16, 2048),  # ENV's XLA flags
 }
 # a job's model.Config fields beside its tuple's
 CONFIG = {"xlt full cudnn weight": dict(dense_layout="weight")}
@@ -87,6 +89,9 @@ ENV = {"xlt full cudnn cublas": {"XLA_FLAGS": TUNED_FLAGS},
        # Triton's products considered for every dot, so that producers (casts, the gated
        # activation) can fuse into a product's operands
        "xlt full cudnn triton": {"XLA_FLAGS": "--xla_gpu_triton_gemm_any=true"},
+       "xlt full cudnn cublas b16": {"XLA_FLAGS": TUNED_FLAGS},
+       # DotMerger's limit raised over a gated MLP's weights (32 MiB at 1B): gate and up one product
+       "xlt full cudnn cublas merge": {"XLA_FLAGS": TUNED_FLAGS + " --xla_gpu_dot_merger_threshold_mb=128"},
        "xlt 8b lora": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"},
        "xlt 8b full": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"}}
 # by priority: jobs run while --budget_s lasts, so the issue's figures come first
@@ -358,6 +363,8 @@ COLUMNS = ["job", "xlt step s", "xlt tok/s", "xlt MFU %", "xlt peak GiB", "xlt e
 # row label: (xlt job, PyTorch job or None)
 ROWS = {"1B full, cuDNN attention": ("xlt full cudnn", "torch full"),
         "1B full, cuDNN attention, cuBLAS + LHS flags": ("xlt full cudnn cublas", "torch full"),
+        "1B full, cuDNN attention, cuBLAS + LHS flags, gate and up merged": ("xlt full cudnn cublas merge", "torch full"),
+        "1B full, batch 16, cuDNN attention, cuBLAS + LHS flags": ("xlt full cudnn cublas b16", None),
         "1B full, cuDNN attention, Triton products for any dot": ("xlt full cudnn triton", "torch full"),
         "1B full, cuDNN attention, [out, in] weights (a loaded model's layout)": ("xlt full cudnn weight", "torch full"),
         "1B full, batch 4, cuDNN attention": ("xlt full cudnn b4", None),
