@@ -434,6 +434,7 @@ def main(argv=None):
       json.dump(result, f)
     return
   start, results = time.monotonic(), {}
+  os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
   for name in a.jobs.split(","):
     left = a.budget_s - (time.monotonic() - start)
     if left < 30:
