@@ -90,7 +90,7 @@ ENV = {"xlt full cudnn cublas": {"XLA_FLAGS": TUNED_FLAGS},
        # activation) can fuse into a product's operands
        "xlt full cudnn triton": {"XLA_FLAGS": "--xla_gpu_triton_gemm_any=true"},
        "xlt full cudnn cublas b16": {"XLA_FLAGS": TUNED_FLAGS},
-       # DotMerger's limit raised over a gated MLP's weights (32 MiB at 1B): gate and up one product
+       # DotMerger's limit over a gated MLP's weights (32 MiB at 1B), so that gate and up may merge
        "xlt full cudnn cublas merge": {"XLA_FLAGS": TUNED_FLAGS + " --xla_gpu_dot_merger_threshold_mb=128"},
        "xlt 8b lora": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"},
        "xlt 8b full": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"}}
@@ -363,7 +363,7 @@ COLUMNS = ["job", "xlt step s", "xlt tok/s", "xlt MFU %", "xlt peak GiB", "xlt e
 # row label: (xlt job, PyTorch job or None)
 ROWS = {"1B full, cuDNN attention": ("xlt full cudnn", "torch full"),
         "1B full, cuDNN attention, cuBLAS + LHS flags": ("xlt full cudnn cublas", "torch full"),
-        "1B full, cuDNN attention, cuBLAS + LHS flags, gate and up merged": ("xlt full cudnn cublas merge", "torch full"),
+        "1B full, cuDNN attention, cuBLAS + LHS flags, DotMerger limit 128 MiB": ("xlt full cudnn cublas merge", "torch full"),
         "1B full, batch 16, cuDNN attention, cuBLAS + LHS flags": ("xlt full cudnn cublas b16", None),
         "1B full, cuDNN attention, Triton products for any dot": ("xlt full cudnn triton", "torch full"),
         "1B full, cuDNN attention, [out, in] weights (a loaded model's layout)": ("xlt full cudnn weight", "torch full"),

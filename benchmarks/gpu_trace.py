@@ -1,0 +1,137 @@
+"""Where a GPU training step's time goes, from the step benchmarks/gpu_check.py traced
+(`--profile_dir`): every kernel of the trace attributed to an op of the compiled HLO, also where
+XLA launches them from command buffers (CUDA graphs), whose trace events name kernels, not ops.
+
+  python benchmarks/gpu_trace.py PROFILE_DIR [--top 25] [--peak_tflops 989]
+
+PROFILE_DIR is gpu_check's: the trace (plugins/profile/*/*.xplane.pb, read through `xprof`, an
+optional package: pip install xprof) and hlo/*after_optimizations.txt beside it. A kernel named
+as an op of the module is that op (XLA's fusions and Triton's products); cuBLAS's kernels are
+matched in order with the module's cuBLAS custom calls, one kernel each (their counts must
+agree); cuDNN's kernels are attention. Prints the kernel time by class, the products grouped by
+the model path they come from with their TFLOP/s, and the costliest other ops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import math
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from profile_step import _dims, _short, hlo_ops  # noqa: E402
+
+_CUBLAS = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = \(?(\w+\[[\d,]*\])\S* .*custom_call_target="__cublas\$[^"]*"'
+                     r'.*?op_name="([^"]*)"')
+_TYPES = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = \(?(\w+\[[\d,]*\])')
+_WHERE = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name="([^"]*)"')  # tuple-typed ops too
+
+
+def kernel_events(profile_dir: str) -> list[dict]:
+  """The trace's GPU kernels in launch order: {name, dur (us)}."""
+  planes = sorted(glob.glob(os.path.join(profile_dir, "**", "*.xplane.pb"), recursive=True), key=os.path.getmtime)
+  if not planes:
+    raise SystemExit(f"gpu_trace: no *.xplane.pb under {profile_dir}")
+  try:
+    from xprof.convert import raw_to_tool_data
+  except ImportError:
+    raise SystemExit("gpu_trace: reading an xplane needs the xprof package (pip install xprof)") from None
+  data, _ = raw_to_tool_data.xspace_to_tool_data([planes[-1]], "trace_viewer", {})
+  events = json.loads(data)["traceEvents"]
+  kernels = [e for e in events if e.get("ph") == "X" and "kernel_details" in e.get("args", {})]
+  return sorted(kernels, key=lambda e: e["ts"])
+
+
+def cublas_calls(hlo: str) -> list[dict]:
+  """The module's cuBLAS custom calls in the order of its text (the schedule's): name, FLOPs
+  (2 M N K from the output's and left operand's shapes), model path."""
+  types = {m.group(1): m.group(2) for m in map(_TYPES.match, hlo.splitlines()) if m}
+  calls = []
+  for line in hlo.splitlines():
+    m = _CUBLAS.match(line)
+    if not m:
+      continue
+    name, out, where = m.groups()
+    lhs = re.search(r"custom-call\(%?([\w.\-]+)", line)
+    contracting = re.search(r'"lhs_contracting_dimensions":\["(\d+)"', line)
+    lhs_dims = _dims(types.get(lhs.group(1), "")) if lhs else None
+    k = lhs_dims[int(contracting.group(1))] if lhs_dims and contracting else 0
+    calls.append({"name": name, "flops": 2 * math.prod(_dims(out) or [0]) * k, "where": where})
+  return calls
+
+
+def attribute(kernels: list[dict], hlo: str) -> list[tuple[str, float, dict]]:
+  """(class, microseconds, op info) per kernel: class 'cuBLAS product', 'Triton product',
+  'cuDNN attention' or 'other op'."""
+  ops, calls = hlo_ops(hlo), cublas_calls(hlo)
+  for m in filter(None, map(_WHERE.match, hlo.splitlines())):  # ops hlo_ops' pattern skips (multi-output)
+    ops.setdefault(m.group(1), {"flops": 0, "where": m.group(2)})
+  cublas = [k for k in kernels if k["name"].startswith(("nvjet", "sm90_xmma", "cutlass", "ampere"))]
+  if len(cublas) != len(calls):
+    raise SystemExit(f"gpu_trace: {len(cublas)} cuBLAS kernels in the trace, {len(calls)} cuBLAS calls in the HLO: "
+                     "the trace must hold exactly one step of this module")
+  matched = {id(k): c for k, c in zip(cublas, calls)}
+  out = []
+  for k in kernels:
+    if id(k) in matched:
+      out.append(("cuBLAS product", k["dur"], matched[id(k)]))
+    elif "cudnn" in k["name"] or "sdpa" in k["name"]:
+      out.append(("cuDNN attention", k["dur"], {"flops": 0, "where": k["name"]}))
+    else:
+      # the trace writes an op's kernel with '_' for the '.' before its number: fusion.3 -> fusion_3
+      name = re.sub(r"_(\d+)$", r".\1", k["name"])
+      info = ops.get(name, ops.get(k["name"], {"flops": 0, "where": k["name"]}))
+      out.append(("Triton product" if info["flops"] else "other op", k["dur"], dict(info, name=k["name"])))
+  return out
+
+
+def report(rows: list[tuple[str, float, dict]], top: int, peak_tflops: float) -> str:
+  total = sum(us for _, us, _ in rows)
+  by_class = collections.Counter()
+  products = collections.defaultdict(lambda: [0, 0.0, 0])
+  others = collections.Counter()
+  for cls, us, info in rows:
+    by_class[cls] += us
+    if info["flops"]:
+      key = re.sub(r"block_\d+", "block_*", _short(info["where"]))
+      products[key][0] += 1
+      products[key][1] += us
+      products[key][2] += info["flops"]
+    elif cls == "other op":
+      others[(info.get("name", ""), _short(info["where"]))] += us
+  flops = sum(p[2] for p in products.values())
+  product_us = by_class["cuBLAS product"] + by_class["Triton product"]
+  lines = [f"kernels: {total / 1e3:.1f} ms; products {product_us / 1e3:.1f} ms ({flops / 1e12:.1f} TFLOP at "
+           f"{flops / product_us / 1e6:.0f} TFLOP/s; peak {peak_tflops:.0f})",
+           "by class: " + ", ".join(f"{k} {v / 1e3:.1f} ms ({v / total:.0%})" for k, v in by_class.most_common()),
+           "", "| products from | kernels | ms | TFLOP/s |", "|---|---|---|---|"]
+  for key, (n, us, f) in sorted(products.items(), key=lambda kv: -kv[1][1])[:top]:
+    lines.append(f"| {key} | {n} | {us / 1e3:.2f} | {f / us / 1e6:.0f} |")
+  lines += ["", "| other op | from | ms |", "|---|---|---|"]
+  for (name, where), us in others.most_common(top):
+    lines.append(f"| {name} | {where} | {us / 1e3:.2f} |")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("profile_dir")
+  p.add_argument("--top", type=int, default=25)
+  p.add_argument("--peak_tflops", type=float, default=989.0, help="the GPU's dense bf16 peak (H100/H200 SXM: 989)")
+  a = p.parse_args(argv)
+  hlos = glob.glob(os.path.join(a.profile_dir, "hlo", "*after_optimizations.txt"))
+  if not hlos:
+    raise SystemExit(f"gpu_trace: no hlo/*after_optimizations.txt under {a.profile_dir} (gpu_check --profile_dir "
+                     "dumps it)")
+  with open(max(hlos, key=os.path.getsize)) as f:  # the step's module is the largest
+    hlo = f.read()
+  print(report(attribute(kernel_events(a.profile_dir), hlo), a.top, a.peak_tflops))
+
+
+if __name__ == "__main__":
+  main()
