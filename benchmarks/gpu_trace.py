@@ -18,19 +18,12 @@ import argparse
 import collections
 import glob
 import json
-import math
 import os
 import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from profile_step import _dims, _short, hlo_ops  # noqa: E402
-
-_CUBLAS = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = \(?(\w+\[[\d,]*\])\S* .*custom_call_target="__cublas\$[^"]*"'
-                     r'.*?op_name="([^"]*)"')
-_TYPES = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = \(?(\w+\[[\d,]*\])')
-_WHERE = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name="([^"]*)"')  # tuple-typed ops too
-
+from profile_step import _short, hlo_ops  # noqa: E402
 
 def kernel_events(profile_dir: str) -> list[dict]:
   """The trace's GPU kernels in launch order: {name, dur (us)}."""
@@ -47,30 +40,17 @@ def kernel_events(profile_dir: str) -> list[dict]:
   return sorted(kernels, key=lambda e: e["ts"])
 
 
-def cublas_calls(hlo: str) -> list[dict]:
-  """The module's cuBLAS custom calls in the order of its text (the schedule's): name, FLOPs
-  (2 M N K from the output's and left operand's shapes), model path."""
-  types = {m.group(1): m.group(2) for m in map(_TYPES.match, hlo.splitlines()) if m}
-  calls = []
-  for line in hlo.splitlines():
-    m = _CUBLAS.match(line)
-    if not m:
-      continue
-    name, out, where = m.groups()
-    lhs = re.search(r"custom-call\(%?([\w.\-]+)", line)
-    contracting = re.search(r'"lhs_contracting_dimensions":\["(\d+)"', line)
-    lhs_dims = _dims(types.get(lhs.group(1), "")) if lhs else None
-    k = lhs_dims[int(contracting.group(1))] if lhs_dims and contracting else 0
-    calls.append({"name": name, "flops": 2 * math.prod(_dims(out) or [0]) * k, "where": where})
-  return calls
+def cublas_calls(ops: dict[str, dict]) -> list[dict]:
+  """The cuBLAS calls among `ops` (profile_step.hlo_ops: in the scheduled module's order), each
+  with its name."""
+  return [dict(info, name=name) for name, info in ops.items() if info["cublas"]]
 
 
 def attribute(kernels: list[dict], hlo: str) -> list[tuple[str, float, dict]]:
   """(class, microseconds, op info) per kernel: class 'cuBLAS product', 'Triton product',
   'cuDNN attention' or 'other op'."""
-  ops, calls = hlo_ops(hlo), cublas_calls(hlo)
-  for m in filter(None, map(_WHERE.match, hlo.splitlines())):  # ops hlo_ops' pattern skips (multi-output)
-    ops.setdefault(m.group(1), {"flops": 0, "where": m.group(2)})
+  ops = hlo_ops(hlo)
+  calls = cublas_calls(ops)
   cublas = [k for k in kernels if k["name"].startswith(("nvjet", "sm90_xmma", "cutlass", "ampere"))]
   if len(cublas) != len(calls):
     raise SystemExit(f"gpu_trace: {len(cublas)} cuBLAS kernels in the trace, {len(calls)} cuBLAS calls in the HLO: "

@@ -36,7 +36,9 @@ if __name__ == "__main__":  # as `python -m xlt.main` starts: before jax is impo
   cpu_devices.configure()
   allocator.preload()
 
-_INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ([\w\-]+)\((.*?)\)(.*)$")
+# an instruction: name, type (a tuple's too: multi-output fusions, library calls), opcode, operands, attributes
+_INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)|\S+) ([\w\-]+)\((.*?)\)(.*)$")
+_KERNELS = ("fusion", "custom-call")  # the tuple-typed instructions that run as kernels (not while, tuple)
 _COMP = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$")
 
 
@@ -48,37 +50,43 @@ def _dims(type_str: str) -> list[int] | None:
 
 def _dot_flops(out_type: str, lhs_type: str | None, attrs: str) -> int:
   out, lhs = _dims(out_type), _dims(lhs_type or "")
-  contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attrs)
+  # a dot's attribute, or a cuBLAS call's backend config (JSON)
+  contracting = re.search(r'lhs_contracting_dims=\{([\d,]*)\}|"lhs_contracting_dimensions":\[([^\]]*)\]', attrs)
   if out is None or lhs is None or contracting is None:
     return 0
-  k = math.prod(lhs[int(i)] for i in contracting.group(1).split(",") if i)
+  k = math.prod(lhs[int(i)] for i in re.findall(r"\d+", contracting.group(1) or contracting.group(2)))
   return 2 * math.prod(out) * k
 
 
 def hlo_ops(hlo: str) -> dict[str, dict]:
-  """Every instruction of a compiled HLO module's text: {name: {"flops": 2·M·N·K summed over
-  its products (its own if it is a `dot`, its fused computation's if it calls one; 0 if it has
-  none), "where": its op_name metadata (the jax path it came from)}}. Operands' types are
-  looked up in the computation that defines them."""
+  """Every instruction of a compiled HLO module's text, in the text's order (a scheduled
+  module's: the order its kernels run): {name: {"flops": 2·M·N·K summed over its products (its
+  own if it is a `dot` or a cuBLAS call, its fused computation's if it calls one; 0 if it has
+  none), "where": its op_name metadata (the jax path it came from), "cublas": whether it is a
+  cuBLAS call}}. Operands' types are looked up in the computation that defines them; of the
+  tuple-typed instructions only kernels (multi-output fusions, library calls) are listed."""
   computations: dict[str, list[tuple]] = {}
   current = None
   for line in hlo.splitlines():
     head = _COMP.match(line)
-    if head and "=" not in line.split("{")[0]:
+    # a computation's head is unindented (its instructions are not); a long one may hold '='
+    # in XLA's /*index=N*/ comments
+    if head and not line[0].isspace():
       current = computations.setdefault(head.group(1), [])
       continue
     m = _INSTR.match(line)
-    if m and current is not None:
+    if m and current is not None and (not m.group(2).startswith("(") or m.group(3) in _KERNELS):
       current.append(m.groups())
 
   types = {comp: {name: typ for name, typ, *_ in body} for comp, body in computations.items()}
 
   def flops(comp, typ, opcode, operands, attrs) -> int:
-    """2·M·N·K of a `dot` in computation `comp` (its left operand's type defined there)."""
-    if opcode != "dot":
+    """2·M·N·K of a `dot` or a cuBLAS call (output first in its tuple) in computation `comp`
+    (its left operand's type defined there)."""
+    if opcode != "dot" and not _is_cublas(opcode, attrs):
       return 0
     lhs = operands.split(",")[0].strip().split()[-1].lstrip("%")
-    return _dot_flops(typ, types[comp].get(lhs), attrs)
+    return _dot_flops(typ.lstrip("("), types[comp].get(lhs), attrs)
 
   ops = {}
   for comp, body in computations.items():
@@ -89,8 +97,12 @@ def hlo_ops(hlo: str) -> dict[str, dict]:
       else:
         total = flops(comp, typ, opcode, operands, attrs)
       where = re.search(r'op_name="([^"]*)"', attrs)
-      ops[name] = {"flops": total, "where": where.group(1) if where else ""}
+      ops[name] = {"flops": total, "where": where.group(1) if where else "", "cublas": _is_cublas(opcode, attrs)}
   return ops
+
+
+def _is_cublas(opcode: str, attrs: str) -> bool:
+  return opcode == "custom-call" and 'custom_call_target="__cublas$' in attrs
 
 
 def op_times(trace_dir: str) -> collections.Counter:

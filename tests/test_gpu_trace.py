@@ -3,7 +3,7 @@ cuBLAS's kernels in order to its cuBLAS calls, XLA's fusions (and Triton's produ
 
 import pytest
 
-from benchmarks import gpu_trace
+from benchmarks import gpu_trace, profile_step
 
 HAND_MADE = """HloModule jit_step, is_scheduled=true
 
@@ -36,7 +36,7 @@ KERNELS = [{"name": "gemm_fusion_dot_7", "dur": 2.0}, {"name": "loop_multiply_fu
 
 
 def test_cublas_calls_in_order_with_their_flops():
-  calls = gpu_trace.cublas_calls(HAND_MADE)
+  calls = gpu_trace.cublas_calls(profile_step.hlo_ops(HAND_MADE))
   assert [c["name"] for c in calls] == ["custom-call.1", "custom-call.2"]
   assert [c["flops"] for c in calls] == [2 * 64 * 8 * 16] * 2
 

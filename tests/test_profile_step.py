@@ -55,3 +55,31 @@ def test_report_divides_by_steps_and_devices_and_skips_runtime_events():
   assert "ops: 25.0 ms per step and device; with products 20.0 ms (4.000 GFLOP, 200.0 GFLOP/s)" in out
   assert "by kind: ops with products 20.00, copy 5.00" in out
   assert "ThunkExecutor" not in out
+
+
+LONG_HEAD = """HloModule m2
+
+%fused_computation.2 (param_0: f32[4,4]) -> (f32[4,4], f32[4,4]) {
+  %param_0 = f32[4,4]{1,0} parameter(0)
+  %negate.1 = f32[4,4]{1,0} negate(%param_0)
+  ROOT %tuple.1 = (f32[4,4]{1,0}, f32[4,4]{1,0}) tuple(%param_0, %negate.1)
+}
+
+ENTRY %main (a: f32[8,16], /*index=1*/b: f32[16,4]) -> f32[8,4] {
+  %a = f32[8,16]{1,0} parameter(0)
+  %b = f32[16,4]{1,0} parameter(1)
+  %custom-call.1 = (f32[8,4]{1,0}, s8[64]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", metadata={op_name="jit(f)/jvp(GPT)/block_0/mlp/fc/dot_general"}, backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_batch_dimensions":[],"lhs_contracting_dimensions":["1"],"rhs_batch_dimensions":[],"rhs_contracting_dimensions":["0"]}}}
+  %fusion.2 = (f32[4,4]{1,0}, f32[4,4]{1,0}) fusion(%b), kind=kLoop, calls=%fused_computation.2, metadata={op_name="jit(f)/jvp(GPT)/block_0/ln_1/mul"}
+  %while.3 = (s32[], f32[8,4]{1,0}) while(%t), condition=%c, body=%w
+  ROOT %gte.4 = f32[8,4]{1,0} get-tuple-element(%custom-call.1), index=0
+}
+"""
+
+
+def test_tuple_typed_kernels_cublas_calls_and_a_long_entry_head():
+  ops = profile_step.hlo_ops(LONG_HEAD)
+  # the entry's head holds '=' in a /*index=1*/ comment: its instructions are still its own
+  assert ops["custom-call.1"] == {"flops": 2 * 8 * 4 * 16, "where": "jit(f)/jvp(GPT)/block_0/mlp/fc/dot_general",
+                                  "cublas": True}
+  assert ops["fusion.2"]["flops"] == 0 and not ops["fusion.2"]["cublas"]  # a multi-output fusion is listed
+  assert "while.3" not in ops and ops["gte.4"]["flops"] == 0  # a tuple-typed non-kernel is not
