@@ -57,29 +57,32 @@ LLAMA_8B = dict(vocab_size=128256, d_model=4096, num_layers=32, num_heads=32, nu
                 mlp_dim=14336, tie_embeddings=False, rope_base=500000.0)
 SHAPES = {"llama-1b": LLAMA_1B, "llama-8b": LLAMA_8B}
 # name: (shape, mode, attention, param dtype, remat, batch, seq)
+FULL_1B = ("llama-1b", "full", "auto", "float32", "none", 8, 2048)
+FULL_1B_B16 = FULL_1B[:5] + (16, 2048)
 JOBS = {
-    "xlt full cudnn": ("llama-1b", "full", "auto", "float32", "none", 8, 2048),
+    "xlt full cudnn": FULL_1B,
     # XLA's attention keeps each layer's T x T scores for the backward pass: at batch 8 the 1B
     # step needs ~146 GiB (out of an H200's memory), so XLA and cuDNN are compared at batch 4
     "xlt full xla": ("llama-1b", "full", "xla", "float32", "none", 4, 2048),
-    "xlt full cudnn b4": ("llama-1b", "full", "auto", "float32", "none", 4, 2048),
+    "xlt full cudnn b4": FULL_1B[:5] + (4, 2048),
     # the largest batch of a power of two the H200 holds without remat (PyTorch's step at batch 8
     # already takes 75 GiB): the optimizer's update spread over twice the tokens
-    "xlt full cudnn b16": ("llama-1b", "full", "auto", "float32", "none", 16, 2048),
+    "xlt full cudnn b16": FULL_1B_B16,
     "xlt lora cudnn": ("llama-1b", "lora", "auto", "bfloat16", "none", 8, 2048),
     "torch full": ("llama-1b", "full", "sdpa", "float32", "none", 8, 2048),
     "torch lora": ("llama-1b", "lora", "sdpa", "bfloat16", "none", 8, 2048),
     "xlt 8b lora": ("llama-8b", "lora", "auto", "bfloat16", "block", 4, 2048),
     "xlt decode": ("llama-1b", "decode", "auto", "bfloat16", "none", (8, 64), 128),  # batches, prompt = new
     "xlt 8b full": ("llama-8b", "full", "auto", "bfloat16", "block", 2, 2048),  # float32 moments
-    "xlt full cudnn cublas": ("llama-1b", "full", "auto", "float32", "none", 8, 2048),  # ENV's XLA flags
-    # as a loaded Hugging Face Llama holds its dense layers: torch's [out, in] weights (CONFIG)
-    "xlt full cudnn weight": ("llama-1b", "full", "auto", "float32", "none", 8, 2048),
-    "xlt full cudnn triton": ("llama-1b", "full", "auto", "float32", "none", 8, 2048),  # ENV's XLA flags
-    "xlt full cudnn cublas merge": ("llama-1b", "full", "auto", "float32", "none", 8, 2048),  # ENV's XLA flags
-    "xlt full cudnn cublas b16": ("llama-1b", "full", "auto", "float32", "none", 16, 2048),  # ENV's XLA flags
+    # the 1B full step again, each under its own ENV (XLA's flags) or CONFIG
+    "xlt full cudnn cublas": FULL_1B,
+    "xlt full cudnn weight": FULL_1B,
+    "xlt full cudnn triton": FULL_1B,
+    "xlt full cudnn cublas merge": FULL_1B,
+    "xlt full cudnn cublas b16": FULL_1B_B16,
 }
-# a job's model.Config fields beside its tuple's
+# a job's model.Config fields beside its tuple's: as a loaded Hugging Face Llama holds its dense
+# layers, torch's [out, in] weights
 CONFIG = {"xlt full cudnn weight": dict(dense_layout="weight")}
 # a job's environment beside the parent's: XLA's GPU flags that MaxText's GPU recipes set (cuBLAS
 # rather than Triton's generated matrix products; the latency-hiding scheduler), and the 8B jobs'
