@@ -80,6 +80,8 @@ JOBS = {
     "xlt full cudnn triton": FULL_1B,
     "xlt full cudnn cublas merge": FULL_1B,
     "xlt full cudnn cublas b16": FULL_1B_B16,
+    "xlt full cudnn cublaslt": FULL_1B,
+    "xlt full cudnn cudnn gemm": FULL_1B,
 }
 # a job's model.Config fields beside its tuple's: as a loaded Hugging Face Llama holds its dense
 # layers, torch's [out, in] weights
@@ -95,6 +97,10 @@ ENV = {"xlt full cudnn cublas": {"XLA_FLAGS": TUNED_FLAGS},
        "xlt full cudnn cublas b16": {"XLA_FLAGS": TUNED_FLAGS},
        # DotMerger's limit over a gated MLP's weights (32 MiB at 1B), so that gate and up may merge
        "xlt full cudnn cublas merge": {"XLA_FLAGS": TUNED_FLAGS + " --xla_gpu_dot_merger_threshold_mb=128"},
+       # cuBLASLt's matmuls (more algorithms to autotune) in place of legacy cuBLAS's
+       "xlt full cudnn cublaslt": {"XLA_FLAGS": TUNED_FLAGS + " --xla_gpu_enable_cublaslt=true"},
+       # cuDNN's fused products considered beside Triton's for the products that fuse with their neighbours
+       "xlt full cudnn cudnn gemm": {"XLA_FLAGS": "--xla_gpu_cudnn_gemm_fusion_level=2"},
        "xlt 8b lora": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"},
        "xlt 8b full": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"}}
 # by priority: jobs run while --budget_s lasts, so the figures come first
@@ -368,6 +374,8 @@ ROWS = {"1B full, cuDNN attention": ("xlt full cudnn", "torch full"),
         "1B full, cuDNN attention, cuBLAS + LHS flags": ("xlt full cudnn cublas", "torch full"),
         "1B full, cuDNN attention, cuBLAS + LHS flags, DotMerger limit 128 MiB": ("xlt full cudnn cublas merge", "torch full"),
         "1B full, batch 16, cuDNN attention, cuBLAS + LHS flags": ("xlt full cudnn cublas b16", None),
+        "1B full, cuDNN attention, cuBLASLt + LHS flags": ("xlt full cudnn cublaslt", "torch full"),
+        "1B full, cuDNN attention, cuDNN's fused products": ("xlt full cudnn cudnn gemm", "torch full"),
         "1B full, cuDNN attention, Triton products for any dot": ("xlt full cudnn triton", "torch full"),
         "1B full, cuDNN attention, [out, in] weights (a loaded model's layout)": ("xlt full cudnn weight", "torch full"),
         "1B full, batch 4, cuDNN attention": ("xlt full cudnn b4", None),
