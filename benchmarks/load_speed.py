@@ -104,7 +104,7 @@ def write_checkpoint(path: str, name: str, seed: int) -> None:
   tensors = {}
   for leaf, m in pretrained.table(cfg, "llama", shapes).items():
     for n in m.names:
-      tensors[n] = _Normal(pretrained._hf_shape(m, shapes[leaf]), seed + len(tensors))
+      tensors[n] = _Normal(pretrained._hf_shape(m, leaf[-1], shapes[leaf]), seed + len(tensors))
   hf_dir.write_model_dir(tensors, path, config=pretrained.config_to_hf(cfg, "llama", hf), max_shard_bytes=shard,
                          overwrite=True, card={"method": "benchmarks/load_speed.py", "seed": seed})
   mark_written(path, want)
