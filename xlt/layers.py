@@ -11,7 +11,6 @@ Shape letters as in xlt.model.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import flax.linen as nn
@@ -179,29 +178,6 @@ def _silu_jvp(primals, tangents):
   return x * s, s * (1 + x * (1 - s)) * dx
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def gated(act, gate, up):
-  """act(gate) * up, a gated MLP's product, whose backward pass recomputes act and its slope
-  from the gate: the forward pass keeps only the two products' outputs (autodiff kept act(gate),
-  its slope and up: one more [B, T, F] tensor written and read a layer). The same values and
-  gradients as autodiff, to the bit in float32."""
-  return act(gate) * up
-
-
-def _gated_fwd(act, gate, up):
-  return act(gate) * up, (gate, up)
-
-
-def _gated_bwd(act, residuals, ct):
-  gate, up = residuals
-  # the slope from act's own derivative (silu's and gelu's written-out rules), times 1
-  act_gate, slope = jax.jvp(act, (gate,), (jnp.ones_like(gate),))
-  return slope * (ct * up), ct * act_gate
-
-
-gated.defvjp(_gated_fwd, _gated_bwd)
-
-
 class RMSNorm(nn.Module):
   """x / rms(x) * w, in float32 (transformers' LlamaRMSNorm: eps inside the root, the weight
   applied after casting back), or with `plus_one` Gemma's x / rms(x) * (1 + w), whose weight
@@ -290,6 +266,6 @@ class Mlp(nn.Module):
       x_BxTxF = gelu(dense(c, f, "fc", ("embed", "mlp"))(x_BxTxD))
     else:
       act = silu if c.mlp == "swiglu" else gelu
-      x_BxTxF = gated(act, dense(c, f, "gate", ("embed", "mlp"))(x_BxTxD), dense(c, f, "up", ("embed", "mlp"))(x_BxTxD))
+      x_BxTxF = act(dense(c, f, "gate", ("embed", "mlp"))(x_BxTxD)) * dense(c, f, "up", ("embed", "mlp"))(x_BxTxD)
     x_BxTxD = dense(c, c.d_model, "proj", ("mlp", "embed"), std=out_std)(x_BxTxF)
     return module_dropout(self, c, x_BxTxD)
