@@ -25,6 +25,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from profile_step import _short, hlo_ops  # noqa: E402
 
+
 def kernel_events(profile_dir: str) -> list[dict]:
   """The trace's GPU kernels in launch order: {name, dur (us)}."""
   planes = sorted(glob.glob(os.path.join(profile_dir, "**", "*.xplane.pb"), recursive=True), key=os.path.getmtime)
