@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from conftest import COMPILE_FLAGS
 from xlt import allocator
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,8 +35,8 @@ print(allocator.in_use(), h)
 
 
 def _run(choice):
-  env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "XLA_FLAGS")}
-  env.update(XLT_ALLOCATOR=choice, PYTHONPATH=REPO)
+  env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+  env.update(XLT_ALLOCATOR=choice, PYTHONPATH=REPO, XLA_FLAGS=COMPILE_FLAGS)
   out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=REPO, capture_output=True, text=True,
                        timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]

@@ -10,7 +10,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-from conftest import REPO  # noqa: E402  (after the skips: without nbclient, nothing to run)
+from conftest import COMPILE_FLAGS, REPO  # noqa: E402  (after the skips: without nbclient, nothing to run)
 
 COLABS = REPO / "colabs"
 
@@ -55,7 +55,7 @@ def run_notebook(name, tmp_path, monkeypatch):
   params.source += "\n# tests/test_notebooks.py: small sizes\n" + SMALL[name] + f"WORKDIR = {str(tmp_path)!r}\n"
   # The kernel imports this checkout, on one real CPU device (not conftest's 8 fake ones).
   monkeypatch.setenv("PYTHONPATH", str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  monkeypatch.setenv("XLA_FLAGS", "")
+  monkeypatch.setenv("XLA_FLAGS", COMPILE_FLAGS)
   monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
   client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300,
                                    resources={"metadata": {"path": str(COLABS)}})

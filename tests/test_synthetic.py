@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import COMPILE_FLAGS
 from configs import addition, addition_sweep, addition_table2
 from xlt import checkpoint, results, runner
 from xlt.experiments import synthetic
@@ -107,7 +108,7 @@ def _main(workdir, *extra):
                "--config.train.steps=20", "--config.train.eval_every=10", "--config.train.checkpoint_every=5",
                "--config.eval.batch_size=64", "--config.mesh.data=1", "--config.mesh.devices=1"]
   # XLT_ALLOCATOR=system: no allocator re-execution, one interpreter start less per command
-  env = dict(os.environ, XLA_FLAGS="", XLT_ALLOCATOR="system", PYTHONUNBUFFERED="1")
+  env = dict(os.environ, XLA_FLAGS=COMPILE_FLAGS, XLT_ALLOCATOR="system", PYTHONUNBUFFERED="1")
   return [sys.executable, "-m", "xlt.main", "--config=configs/graph.py", f"--workdir={workdir}",
           *overrides, *extra], env
 
@@ -135,7 +136,7 @@ def test_sigkill_and_rerun_gives_the_uninterrupted_result(tmp_path):
 def test_points_flag_errors(tmp_path):
   # --points outside a grid, or naming a point the grid lacks, and workers that cannot split the
   # run: one line, exit 2, nothing trained (no allocator re-execution: one interpreter start each)
-  env = dict(os.environ, XLA_FLAGS="", XLT_ALLOCATOR="system", PYTHONUNBUFFERED="1")
+  env = dict(os.environ, XLA_FLAGS=COMPILE_FLAGS, XLT_ALLOCATOR="system", PYTHONUNBUFFERED="1")
   for config, want in (("configs/graph.py", "has no grid"), ("configs/graph_table3.py", "not in the grid")):
     r = subprocess.run([sys.executable, "-m", "xlt.main", f"--config={config}", f"--workdir={tmp_path}",
                         "--points=diff_vocab_m256,no_such_point"], env=env, cwd=REPO, capture_output=True, text=True)

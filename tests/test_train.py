@@ -167,8 +167,11 @@ def test_update_where_it_runs_keeps_the_results(mode):
     for x, y in pairs:
       np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
   else:
+    # atol: Adam divides by the root of the second moment, so a weight whose gradients are near
+    # zero moves on rounding alone; a thousandth of the peak learning rate (1e-2) still fails a
+    # wrong update by far
     for x, y in pairs:
-      np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-5, atol=1e-7)
+      np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-5, atol=1e-5)
   flat = lambda tree: {param_paths.path_str(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
   before, after = flat(initial), flat(new["params"])
   moved = {p for p in before if not np.array_equal(before[p], after[p])}
