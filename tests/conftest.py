@@ -1,5 +1,5 @@
 """Test setup: 8 fake CPU devices, so sharding is tested without hardware; XLA's back end
-unoptimised (below); and one persistent compilation cache for the session
+unoptimised and its quicker-compiling fusion emitters (below); and one persistent compilation cache for the session
 (`JAX_COMPILATION_CACHE_DIR`: a fresh temporary folder, removed at the end), which the
 subprocesses tests start inherit, pytest-xdist's workers (pyproject's addopts) among them:
 many tests compile the same small models' programs, and XLA compiling them was most of the

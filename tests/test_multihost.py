@@ -46,10 +46,9 @@ def _config_flags() -> list[str]:
 
 
 def _env(devices: int) -> dict:
-  env = dict(os.environ)  # conftest's XLA_FLAGS, with `devices` devices instead of its 8
-  env.update(XLA_FLAGS=f"{COMPILE_FLAGS} --xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
-             PYTHONPATH=str(REPO), XLT_ALLOCATOR="system")  # system: no allocator re-exec
-  return env
+  # the tests' compile flags, with `devices` devices instead of conftest's 8
+  return dict(os.environ, XLA_FLAGS=f"{COMPILE_FLAGS} --xla_force_host_platform_device_count={devices}",
+              JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), XLT_ALLOCATOR="system")  # system: no allocator re-exec
 
 
 def _main(workdir, *extra) -> list[str]:
