@@ -226,7 +226,7 @@ def test_pretrained_projections_get_adapters():
 def test_adapter_gradients_leave_the_output_gradients_untransposed(autodiff_products):
   """The adapters' gradients contract the tokens. Written as plain jnp products, XLA:CPU ran
   them by writing each adapted projection's output gradient transposed, [out, tokens], in the
-  fusion that computes it (a strided pass over the largest activations: docs/speed.md).
+  fusion that computes it (a strided pass over the largest activations).
   Through xlt.matmul only the rank-r operand is transposed, and the gradient equals the plain
   products' to float rounding."""
   import re

@@ -4,7 +4,7 @@ XLA:CPU runs a product that contracts any axis of its left operand but the last 
 fast (YNNPACK) kernels, at about half their speed. Autodiff writes exactly such products for
 a dense layer's weight gradient (x^T dy, contracting the tokens) and for the attention's key
 and value gradients (contracting the query positions). `python benchmarks/matmul.py jax`, its
-"weight gradient" lines, measure the two forms side by side (figures: docs/speed.md).
+"weight gradient" lines, measure the two forms side by side.
 
 Here those gradients transpose the smaller of their two operands into a copy behind
 optimization barriers (`_transposed_product`), so that XLA cannot fold the transpose back
