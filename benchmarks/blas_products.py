@@ -226,24 +226,28 @@ def alternate(pair, rounds: int, min_seconds: float) -> list[list[float]]:
 def main(a) -> None:
   t_start = time.perf_counter()
   register()
-  rows = []
+  rows, per_round = [], {}
   for shape in a.shapes.split(","):
     for kind, dims in sorted(set(products(shape, "full"))):
       if kind == "wgrad":
         continue  # LoRA's only; the full step has none
-      xla_s, custom_s = (statistics.median(x) for x in alternate(product_pair(kind, dims), a.rounds, 0.2))
+      rounds = alternate(product_pair(kind, dims), a.rounds, 0.2)
+      xla_s, custom_s = map(statistics.median, rounds)
       gflop = 2 * math.prod(dims) / 1e9
       what = {"mt": "forward x @ w.T", "mm": "input gradient dy @ w", "wgrad_t": "weight gradient dy^T x"}[kind]
       rows.append([f"{shape}: {what}", " x ".join(map(str, dims)), round(gflop / xla_s, 1),
                    round(gflop / custom_s, 1), "GFLOP/s", round(xla_s / custom_s, 3)])
+      per_round[f"{rows[-1][0]} {rows[-1][1]}"] = [[round(gflop / t, 1) for t in r] for r in rounds]
       print(rows[-1], flush=True)
   losses = {}
   for job in a.steps.split(","):
     pair, losses[job] = step_pair(a.workdir, job)
-    xla_s, custom_s = (statistics.median(x) for x in alternate(pair, a.rounds, a.min_seconds))
+    rounds = alternate(pair, a.rounds, a.min_seconds)
+    xla_s, custom_s = map(statistics.median, rounds)
+    per_round[job] = [[round(t * 1e3, 1) for t in r] for r in rounds]
     rows.append([f"{job} step (finetune_step.py's xlt)", "-", round(xla_s * 1e3, 1), round(custom_s * 1e3, 1),
                  "ms per step", round(xla_s / custom_s, 3)])
-    print(rows[-1], f"first losses {losses[job]}", flush=True)
+    print(rows[-1], f"rounds {per_round[job]}, first losses {losses[job]}", flush=True)
   if a.out:
     import scipy
 
@@ -251,9 +255,10 @@ def main(a) -> None:
         a.out, benchmark=os.path.splitext(os.path.basename(a.out))[0],
         title="XLA:CPU's products against OpenBLAS (scipy's sgemm) as an XLA custom call",
         columns=COLUMNS, rows=rows, wall_s=time.perf_counter() - t_start,
-        versions={"jax": jax.__version__, "scipy": scipy.__version__},
+        versions={"jax": jax.__version__, "scipy": scipy.__version__}, rounds=per_round,
         notes=(f"One process, XLA on one CPU device (every core); {a.rounds} rounds alternating which goes first, "
-               "the median of the rounds' medians. A ratio above 1: the custom call is faster. The steps' "
+               "the median of the rounds' medians ('rounds': each round's, XLA's then the custom call's, in the "
+               "row's unit). A ratio above 1: the custom call is faster. The steps' "
                f"first losses (XLA, custom call): {losses}."))
 
 
