@@ -58,6 +58,13 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # so configs/ and xlt/ import from a plain checkout
 
 
+def child_env(**overrides: str) -> dict:
+  """The environment of a process a test starts (`python -m xlt.main`, a script): this one's,
+  with the tests' compile flags in place of the 8 fake devices (XLA_FLAGS) and no allocator
+  re-execution (XLT_ALLOCATOR=system: one interpreter start less), then `overrides`."""
+  return {**os.environ, "XLA_FLAGS": COMPILE_FLAGS, "XLT_ALLOCATOR": "system", **overrides}
+
+
 # The modules with the suite's longest tests (end-to-end runs: several processes, a notebook, a
 # testbed, 15-90 s each), longest first, collected before the others (which keep their order).
 # pytest-xdist's worksteal hands each worker a contiguous share of the collection and lets an

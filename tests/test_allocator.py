@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import COMPILE_FLAGS
+from conftest import child_env
 from xlt import allocator
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,8 +35,8 @@ print(allocator.in_use(), h)
 
 
 def _run(choice):
-  env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-  env.update(XLT_ALLOCATOR=choice, PYTHONPATH=REPO, XLA_FLAGS=COMPILE_FLAGS)
+  env = child_env(XLT_ALLOCATOR=choice, PYTHONPATH=REPO)
+  env.pop("LD_PRELOAD", None)
   out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=REPO, capture_output=True, text=True,
                        timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]

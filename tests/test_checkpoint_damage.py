@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import COMPILE_FLAGS
+from conftest import child_env
 from xlt import checkpoint, loop
 from xlt.data import common
 from xlt.experiments import synthetic
@@ -102,7 +102,7 @@ def test_every_checkpoint_damaged_is_a_clear_error(uninterrupted, stopped, tmp_p
 
 
 def test_user_errors_end_main_with_one_line(tmp_path):
-  env = dict(os.environ, PYTHONPATH=REPO, XLT_ALLOCATOR="system", XLA_FLAGS=COMPILE_FLAGS)
+  env = child_env(PYTHONPATH=REPO)
   cmd = [sys.executable, "-m", "xlt.main", "--config=configs/graph.py", f"--workdir={tmp_path}",
          "--config.mixture.target=edge_klingon"]
   out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import COMPILE_FLAGS, built_once
+from conftest import built_once, child_env
 from configs import finetune as finetune_config
 from xlt import model, partition, pretrained, runner
 from xlt.eval import scores as eval_scores
@@ -401,7 +401,7 @@ def _main(tmp_path, c, workdir):
   import sys
 
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = os.environ | {"PYTHONPATH": repo, "XLT_ALLOCATOR": "system", "XLT_CPU_DEVICES": "1", "XLA_FLAGS": COMPILE_FLAGS}
+  env = child_env(PYTHONPATH=repo, XLT_CPU_DEVICES="1")
   cmd = [sys.executable, "-m", "xlt.main", "--config=configs/finetune.py", f"--workdir={workdir}",
          f"--config.base={c.base}", f"--config.data.task={c.data.task}", f"--config.data.language={c.data.language}",
          "--config.data.block_size=24", "--config.data.val_fraction=0.2"]

@@ -17,7 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from conftest import COMPILE_FLAGS, REPO, built_once, small_graph_config
+from conftest import COMPILE_FLAGS, REPO, built_once, child_env, small_graph_config
 from xlt import checkpoint, distributed
 
 # data across the processes, fsdp inside each: the batch is split between the processes and the
@@ -47,8 +47,8 @@ def _config_flags() -> list[str]:
 
 def _env(devices: int) -> dict:
   # the tests' compile flags, with `devices` devices instead of conftest's 8
-  return dict(os.environ, XLA_FLAGS=f"{COMPILE_FLAGS} --xla_force_host_platform_device_count={devices}",
-              JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), XLT_ALLOCATOR="system")  # system: no allocator re-exec
+  return child_env(XLA_FLAGS=f"{COMPILE_FLAGS} --xla_force_host_platform_device_count={devices}",
+                   JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
 
 
 def _main(workdir, *extra) -> list[str]:

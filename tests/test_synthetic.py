@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import COMPILE_FLAGS
+from conftest import child_env
 from configs import addition, addition_sweep, addition_table2
 from xlt import checkpoint, results, runner
 from xlt.experiments import synthetic
@@ -100,11 +100,6 @@ def test_make_row_validates():
   assert r["mean"] == 0.75 and r["std"] == pytest.approx(np.std([0.5, 1.0], ddof=1))
 
 
-def _env():
-  # XLT_ALLOCATOR=system: no allocator re-execution, one interpreter start less per command
-  return dict(os.environ, XLA_FLAGS=COMPILE_FLAGS, XLT_ALLOCATOR="system", PYTHONUNBUFFERED="1")
-
-
 def _main(workdir, *extra):
   overrides = ["--config.num_seeds=1", "--config.model.num_layers=2", "--config.model.d_model=32",
                "--config.model.num_heads=2", "--config.mixture.source_samples=256",
@@ -113,7 +108,7 @@ def _main(workdir, *extra):
                "--config.train.steps=20", "--config.train.eval_every=10", "--config.train.checkpoint_every=5",
                "--config.eval.batch_size=64", "--config.mesh.data=1", "--config.mesh.devices=1"]
   return [sys.executable, "-m", "xlt.main", "--config=configs/graph.py", f"--workdir={workdir}",
-          *overrides, *extra], _env()
+          *overrides, *extra], child_env(PYTHONUNBUFFERED="1")
 
 
 def test_sigkill_and_rerun_gives_the_uninterrupted_result(tmp_path):
@@ -139,7 +134,7 @@ def test_sigkill_and_rerun_gives_the_uninterrupted_result(tmp_path):
 def test_points_flag_errors(tmp_path):
   # --points outside a grid, or naming a point the grid lacks, and workers that cannot split the
   # run: one line, exit 2, nothing trained (no allocator re-execution: one interpreter start each)
-  env = _env()
+  env = child_env(PYTHONUNBUFFERED="1")
   for config, want in (("configs/graph.py", "has no grid"), ("configs/graph_table3.py", "not in the grid")):
     r = subprocess.run([sys.executable, "-m", "xlt.main", f"--config={config}", f"--workdir={tmp_path}",
                         "--points=diff_vocab_m256,no_such_point"], env=env, cwd=REPO, capture_output=True, text=True)
