@@ -50,6 +50,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import results_file  # noqa: E402
+from benchmarks.compare import median_seconds  # noqa: E402
 from benchmarks.product_ceiling import products  # noqa: E402
 from xlt import matmul  # noqa: E402
 
@@ -162,17 +163,6 @@ def blas_products():
 # ---------------------------------------------------------------------------- measurements
 
 
-def _median_call(fn, min_seconds: float) -> float:
-  """The median seconds of `fn()` after one untimed call: at least 5 calls and `min_seconds`."""
-  fn()
-  times = []
-  while len(times) < 5 or sum(times) < min_seconds:
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
-
-
 def product_pair(kind: str, dims):
   """(XLA's, the custom call's) no-argument callables for one of product_ceiling's products."""
   m, k, n = dims
@@ -219,7 +209,7 @@ def alternate(pair, rounds: int, min_seconds: float) -> list[list[float]]:
   out = [[], []]
   for r in range(rounds):
     for i in ((0, 1) if r % 2 == 0 else (1, 0)):
-      out[i].append(_median_call(pair[i], min_seconds))
+      out[i].append(median_seconds(pair[i], 1, 5, min_seconds, max_steps=math.inf))
   return out
 
 
