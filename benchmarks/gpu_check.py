@@ -14,10 +14,11 @@
    attention, and rank-16 LoRA on bf16 parameters; then PyTorch eager on the same shapes
    (transformers' LlamaForCausalLM, sdpa attention, bf16 autocast over float32 parameters
    for full fine-tuning, bf16 parameters under peft's LoRA), where torch is installed. Each
-   job: its compile (first step), the median step time, tokens/s, model FLOP utilisation
-   (6 x trained-through parameters x tokens + 12 x layers x heads x head width x T x tokens,
-   PaLM's convention, over the GPU's dense bf16 peak) and the device's peak memory against
-   xlt.memory.estimate.
+   job: its compile (first step); the step time as a training loop runs its steps (dispatched
+   back to back, the loss read after the last), with tokens/s and the model FLOP utilisation
+   from it (6 x trained-through parameters x tokens + 12 x layers x heads x head width x T x
+   tokens, PaLM's convention, over the GPU's dense bf16 peak); the median of steps each waited
+   for; the device's peak memory against xlt.memory.estimate.
 3. 8B: a rank-16 LoRA step on a model of Llama 3.1 8B's shape, bf16 parameters, remat per
    block, where the GPU has the memory; its peak against the estimate.
 4. decoding: greedy new tokens/s of the 1B shape (bf16), `xlt.generate.greedy_ids` after a
@@ -82,6 +83,10 @@ JOBS = {
     "xlt full cudnn cublas b16": FULL_1B_B16,
     "xlt full cudnn cublaslt": FULL_1B,
     "xlt full cudnn cudnn gemm": FULL_1B,
+    "xlt full cudnn cublas concurrent": FULL_1B,
+    "xlt full cudnn cublas block level": FULL_1B,
+    "xlt full cudnn cublas heroless": FULL_1B,
+    "xlt full cudnn cublas cudnn norm": FULL_1B,
 }
 # a job's model.Config fields beside its tuple's: as a loaded Hugging Face Llama holds its dense
 # layers, torch's [out, in] weights
@@ -101,6 +106,14 @@ ENV = {"xlt full cudnn cublas": {"XLA_FLAGS": TUNED_FLAGS},
        "xlt full cudnn cublaslt": {"XLA_FLAGS": TUNED_FLAGS + " --xla_gpu_enable_cublaslt=true"},
        # cuDNN's fused products considered beside Triton's for the products that fuse with their neighbours
        "xlt full cudnn cudnn gemm": {"XLA_FLAGS": "--xla_gpu_cudnn_gemm_fusion_level=2"},
+       # independent kernels of a CUDA graph (a weight gradient beside an input gradient) run concurrently
+       "xlt full cudnn cublas concurrent": {"XLA_FLAGS": TUNED_FLAGS + " --xla_gpu_graph_enable_concurrent_region=true"},
+       # fusions rewritten as Triton block-level ones (a norm's reduction and its scaling in one kernel)
+       "xlt full cudnn cublas block level": {
+           "XLA_FLAGS": TUNED_FLAGS + " --xla_gpu_experimental_enable_fusion_block_level_rewriter=true"},
+       "xlt full cudnn cublas heroless": {
+           "XLA_FLAGS": TUNED_FLAGS + " --xla_gpu_experimental_enable_triton_heroless_priority_fusion=true"},
+       "xlt full cudnn cublas cudnn norm": {"XLA_FLAGS": TUNED_FLAGS + " --xla_gpu_enable_cudnn_layer_norm=true"},
        "xlt 8b lora": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"},
        "xlt 8b full": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"}}
 # by priority: jobs run while --budget_s lasts, so the issue's figures come first
@@ -174,6 +187,7 @@ def attention_check(quick: bool) -> dict:
 
 
 def _median_step(run, steps: int) -> tuple[float, float, float]:
+  """(first step's seconds, the median of `steps` steps each waited for, its loss)."""
   t0 = time.perf_counter()
   loss = run()
   first = time.perf_counter() - t0
@@ -184,6 +198,20 @@ def _median_step(run, steps: int) -> tuple[float, float, float]:
     run()
     times.append(time.perf_counter() - t0)
   return first, statistics.median(times), loss
+
+
+def _back_to_back_step(dispatch, wait, steps: int) -> float:
+  """Seconds a step of `steps` steps dispatched back to back, as a training loop runs the steps
+  between two log lines (xlt.loop; transformers' Trainer keeps the loss on the device): no
+  step's loss is read until the last has been dispatched, so the host's work overlaps the
+  device's. `dispatch()` starts a step and returns its loss unread; `wait(loss)` blocks until
+  it is computed. (Reading a loss in between would also wait for every step dispatched since:
+  on a GPU a read queues behind them.)"""
+  wait(dispatch())
+  t0 = time.perf_counter()
+  losses = [dispatch() for _ in range(steps)]
+  wait(losses[-1])
+  return (time.perf_counter() - t0) / steps
 
 
 def random_params(cfg):
@@ -242,15 +270,17 @@ def xlt_job(job: tuple, quick: bool, steps: int, config: dict | None = None) -> 
           "loss_mask": np.ones((1, batch, seq), np.float32)}
   holder = [state]
 
-  def run():
+  def dispatch():
     with jax.set_mesh(mesh):
       holder[0], m = step(holder[0], data)
-    return float(m["loss"][0])
+    return m["loss"]
 
-  first, step_s, loss = _median_step(run, steps)
+  read = lambda loss: float(loss[0])
+  first, synced_s, loss = _median_step(lambda: read(dispatch()), steps)
+  step_s = _back_to_back_step(dispatch, jax.block_until_ready, steps)
   if os.environ.get("XLT_PROFILE_DIR"):  # one more step traced, for the profile's op table
     with jax.profiler.trace(os.environ["XLT_PROFILE_DIR"]):
-      run()
+      read(dispatch())
   dev = jax.devices()[0]
   stats = dev.memory_stats() or {}
   trained = sum(x.size for x in jax.tree.leaves(composite.split(one)[0]))
@@ -263,7 +293,8 @@ def xlt_job(job: tuple, quick: bool, steps: int, config: dict | None = None) -> 
           "dense_layout": cfg.dense_layout, "ce_residual": cross_entropy.residual_dtype(cfg),
           "state_dtype": state_dtype or param_dtype, "batch": batch, "seq": seq,
           "params": int(sum(x.size for x in jax.tree.leaves(base))), "trained": int(trained),
-          "init_s": init_s, "params_s": params_s, "first_step_s": first, "step_s": step_s, "first_loss": loss,
+          "init_s": init_s, "params_s": params_s, "first_step_s": first, "step_s": step_s, "synced_step_s": synced_s,
+          "first_loss": loss,
           "tokens_per_s": batch * seq / step_s,
           "model_flops_per_step": model_flops_per_token(cfg, through, seq) * batch * seq,
           "peak_bytes": stats.get("peak_bytes_in_use"), "device_bytes": stats.get("bytes_limit"),
@@ -305,7 +336,7 @@ def torch_job(job: tuple, quick: bool, steps: int) -> dict:
   g = torch.Generator().manual_seed(0)
   tok = torch.randint(0, shape["vocab_size"], (batch, seq + 1), generator=g).to(dev)
 
-  def run():
+  def dispatch():
     opt.zero_grad(set_to_none=True)
     with torch.autocast(dev, dtype=torch.bfloat16):
       logits = model(input_ids=tok[:, :-1], use_cache=False).logits
@@ -313,16 +344,20 @@ def torch_job(job: tuple, quick: bool, steps: int) -> dict:
     loss.backward()
     torch.nn.utils.clip_grad_norm_(trained, OPT["clip"], foreach=True)
     opt.step()
+    return loss.detach()
+
+  def read(loss):
     if dev == "cuda":
       torch.cuda.synchronize()
     return float(loss)
 
-  first, step_s, loss = _median_step(run, steps)
+  first, synced_s, loss = _median_step(lambda: read(dispatch()), steps)
+  step_s = _back_to_back_step(dispatch, read, steps)
   cuda = dev == "cuda"
   return {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__, "transformers": transformers.__version__,
           "batch": batch, "seq": seq, "trained": sum(p.numel() for p in trained), "init_s": init_s,
-          "first_step_s": first, "step_s": step_s, "first_loss": loss, "tokens_per_s": batch * seq / step_s,
-          "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None}
+          "first_step_s": first, "step_s": step_s, "synced_step_s": synced_s, "first_loss": loss,
+          "tokens_per_s": batch * seq / step_s, "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None}
 
 
 # ------------------------------------------------------------------------------- driver
@@ -367,8 +402,8 @@ def child(name: str, quick: bool, steps: int) -> dict:
   return xlt_job(JOBS[name], quick, steps, CONFIG.get(name))
 
 
-COLUMNS = ["job", "xlt step s", "xlt tok/s", "xlt MFU %", "xlt peak GiB", "xlt estimate GiB", "PyTorch step s",
-           "PyTorch MFU %", "xlt / PyTorch"]
+COLUMNS = ["job", "xlt step s", "xlt tok/s", "xlt MFU %", "xlt step s, each waited for", "xlt peak GiB",
+           "xlt estimate GiB", "PyTorch step s", "PyTorch MFU %", "xlt / PyTorch"]
 # row label: (xlt job, PyTorch job or None)
 ROWS = {"1B full, cuDNN attention": ("xlt full cudnn", "torch full"),
         "1B full, cuDNN attention, cuBLAS + LHS flags": ("xlt full cudnn cublas", "torch full"),
@@ -377,6 +412,13 @@ ROWS = {"1B full, cuDNN attention": ("xlt full cudnn", "torch full"),
         "1B full, cuDNN attention, cuBLASLt + LHS flags": ("xlt full cudnn cublaslt", "torch full"),
         "1B full, cuDNN attention, cuDNN's fused products": ("xlt full cudnn cudnn gemm", "torch full"),
         "1B full, cuDNN attention, Triton products for any dot": ("xlt full cudnn triton", "torch full"),
+        "1B full, cuDNN attention, cuBLAS + LHS flags, concurrent graph regions": (
+            "xlt full cudnn cublas concurrent", "torch full"),
+        "1B full, cuDNN attention, cuBLAS + LHS flags, block-level fusion rewriter": (
+            "xlt full cudnn cublas block level", "torch full"),
+        "1B full, cuDNN attention, cuBLAS + LHS flags, heroless Triton fusion": (
+            "xlt full cudnn cublas heroless", "torch full"),
+        "1B full, cuDNN attention, cuBLAS + LHS flags, cuDNN norms": ("xlt full cudnn cublas cudnn norm", "torch full"),
         "1B full, cuDNN attention, [out, in] weights (a loaded model's layout)": ("xlt full cudnn weight", "torch full"),
         "1B full, batch 4, cuDNN attention": ("xlt full cudnn b4", None),
         "1B full, batch 16, cuDNN attention": ("xlt full cudnn b16", None),
@@ -397,14 +439,15 @@ def table_rows(results: dict) -> list[list]:
     peak = peak_flops(x.get("device", ""))
     mfu = lambda r: None if not peak or "step_s" not in r else round(100 * x["model_flops_per_step"] / r["step_s"]
                                                                      / peak, 1)
-    rows.append([label, round(x["step_s"], 4), round(x["tokens_per_s"], 1), mfu(x), gib(x.get("peak_bytes")),
+    waited = round(x["synced_step_s"], 4) if "synced_step_s" in x else None
+    rows.append([label, round(x["step_s"], 4), round(x["tokens_per_s"], 1), mfu(x), waited, gib(x.get("peak_bytes")),
                  gib(x.get("estimate_bytes")), round(t["step_s"], 4) if "step_s" in t else None, mfu(t),
                  round(t["step_s"] / x["step_s"], 3) if "step_s" in t else None])
   dec = results.get("xlt decode", {})
   for key, r in dec.items():
     if key.startswith("batch "):
       rows.append([f"1B greedy decoding, {key}: new tok/s", round(r["s"], 3), round(r["new_tokens_per_s"], 1),
-                   None, None, None, None, None, None])
+                   None, None, None, None, None, None, None])
   return rows
 
 

@@ -28,3 +28,20 @@ def test_dry_run_writes_a_renderable_results_file(tmp_path):
   record = json.loads(out.read_text())
   assert {"command", "commit", "machine", "date", "wall_s", "columns", "rows"} <= set(record)
   assert "(dry run, tiny shapes)" in speed_doc.render(speed_doc.load(os.path.dirname(out)))
+
+
+def test_back_to_back_steps_wait_once_after_the_last_dispatch():
+  """A training loop's timing: every step dispatched before any is waited for, then one wait
+  on the last (a read in between would queue behind the steps dispatched since)."""
+  events = []
+
+  def dispatch():
+    events.append("dispatch")
+    return len(events)
+
+  def wait(handle):
+    events.append(("wait", handle))
+
+  seconds = gpu_check._back_to_back_step(dispatch, wait, steps=3)
+  assert events == ["dispatch", ("wait", 1), "dispatch", "dispatch", "dispatch", ("wait", 5)]
+  assert seconds >= 0
