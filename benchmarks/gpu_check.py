@@ -75,45 +75,25 @@ JOBS = {
     "xlt 8b lora": ("llama-8b", "lora", "auto", "bfloat16", "block", 4, 2048),
     "xlt decode": ("llama-1b", "decode", "auto", "bfloat16", "none", (8, 64), 128),  # batches, prompt = new
     "xlt 8b full": ("llama-8b", "full", "auto", "bfloat16", "block", 2, 2048),  # float32 moments
-    # the 1B full step again, each under its own ENV (XLA's flags) or CONFIG
-    "xlt full cudnn cublas": FULL_1B,
-    "xlt full cudnn weight": FULL_1B,
-    "xlt full cudnn triton": FULL_1B,
-    "xlt full cudnn cublas merge": FULL_1B,
-    "xlt full cudnn cublas b16": FULL_1B_B16,
-    "xlt full cudnn cublaslt": FULL_1B,
-    "xlt full cudnn cudnn gemm": FULL_1B,
-    "xlt full cudnn cublas concurrent": FULL_1B,
-    "xlt full cudnn cublas block level": FULL_1B,
-    "xlt full cudnn cublas heroless": FULL_1B,
-    "xlt full cudnn cublas cudnn norm": FULL_1B,
+    "xlt full cudnn weight": FULL_1B,  # CONFIG's weight layout
+    "xlt full cudnn cublas b16": FULL_1B_B16,  # under TUNED_FLAGS (ENV)
 }
 # a job's model.Config fields beside its tuple's: as a loaded Hugging Face Llama holds its dense
 # layers, torch's [out, in] weights
 CONFIG = {"xlt full cudnn weight": dict(dense_layout="weight")}
-# a job's environment beside the parent's: XLA's GPU flags that MaxText's GPU recipes set (cuBLAS
-# rather than Triton's generated matrix products; the latency-hiding scheduler), and the 8B jobs'
-# share of the device's memory (jax's default 75% leaves the 8B step short)
+# XLA's GPU flags that MaxText's GPU recipes set: cuBLAS rather than Triton's generated matrix
+# products; the latency-hiding scheduler
 TUNED_FLAGS = "--xla_gpu_enable_triton_gemm=false --xla_gpu_enable_latency_hiding_scheduler=true"
-ENV = {"xlt full cudnn cublas": {"XLA_FLAGS": TUNED_FLAGS},
-       # Triton's products considered for every dot, so that producers (casts, the gated
-       # activation) can fuse into a product's operands
-       "xlt full cudnn triton": {"XLA_FLAGS": "--xla_gpu_triton_gemm_any=true"},
+# the 1B full step again under other XLA flags, a job each: its row label's tail, its XLA_FLAGS.
+# Those measured to no gain (DotMerger's limit, cuBLASLt, cuDNN's fused products, Triton for
+# any dot, concurrent graph regions, Triton's block-level and heroless fusions, cuDNN's norms)
+# are not listed: the exploratory results files name the commits whose script ran them.
+FLAG_JOBS = {"xlt full cudnn cublas": ("cuBLAS + LHS flags", TUNED_FLAGS)}
+JOBS.update(dict.fromkeys(FLAG_JOBS, FULL_1B))
+# a job's environment beside the parent's: its flags, and the 8B jobs' share of the device's
+# memory (jax's default 75% leaves the 8B step short)
+ENV = {**{job: {"XLA_FLAGS": flags} for job, (_, flags) in FLAG_JOBS.items()},
        "xlt full cudnn cublas b16": {"XLA_FLAGS": TUNED_FLAGS},
-       # DotMerger's limit over a gated MLP's weights (32 MiB at 1B), so that gate and up may merge
-       "xlt full cudnn cublas merge": {"XLA_FLAGS": TUNED_FLAGS + " --xla_gpu_dot_merger_threshold_mb=128"},
-       # cuBLASLt's matmuls (more algorithms to autotune) in place of legacy cuBLAS's
-       "xlt full cudnn cublaslt": {"XLA_FLAGS": TUNED_FLAGS + " --xla_gpu_enable_cublaslt=true"},
-       # cuDNN's fused products considered beside Triton's for the products that fuse with their neighbours
-       "xlt full cudnn cudnn gemm": {"XLA_FLAGS": "--xla_gpu_cudnn_gemm_fusion_level=2"},
-       # independent kernels of a CUDA graph (a weight gradient beside an input gradient) run concurrently
-       "xlt full cudnn cublas concurrent": {"XLA_FLAGS": TUNED_FLAGS + " --xla_gpu_graph_enable_concurrent_region=true"},
-       # fusions rewritten as Triton block-level ones (a norm's reduction and its scaling in one kernel)
-       "xlt full cudnn cublas block level": {
-           "XLA_FLAGS": TUNED_FLAGS + " --xla_gpu_experimental_enable_fusion_block_level_rewriter=true"},
-       "xlt full cudnn cublas heroless": {
-           "XLA_FLAGS": TUNED_FLAGS + " --xla_gpu_experimental_enable_triton_heroless_priority_fusion=true"},
-       "xlt full cudnn cublas cudnn norm": {"XLA_FLAGS": TUNED_FLAGS + " --xla_gpu_enable_cudnn_layer_norm=true"},
        "xlt 8b lora": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"},
        "xlt 8b full": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"}}
 # by priority: jobs run while --budget_s lasts, so the issue's figures come first
@@ -406,19 +386,8 @@ COLUMNS = ["job", "xlt step s", "xlt tok/s", "xlt MFU %", "xlt step s, each wait
            "xlt estimate GiB", "PyTorch step s", "PyTorch MFU %", "xlt / PyTorch"]
 # row label: (xlt job, PyTorch job or None)
 ROWS = {"1B full, cuDNN attention": ("xlt full cudnn", "torch full"),
-        "1B full, cuDNN attention, cuBLAS + LHS flags": ("xlt full cudnn cublas", "torch full"),
-        "1B full, cuDNN attention, cuBLAS + LHS flags, DotMerger limit 128 MiB": ("xlt full cudnn cublas merge", "torch full"),
+        **{f"1B full, cuDNN attention, {label}": (job, "torch full") for job, (label, _) in FLAG_JOBS.items()},
         "1B full, batch 16, cuDNN attention, cuBLAS + LHS flags": ("xlt full cudnn cublas b16", None),
-        "1B full, cuDNN attention, cuBLASLt + LHS flags": ("xlt full cudnn cublaslt", "torch full"),
-        "1B full, cuDNN attention, cuDNN's fused products": ("xlt full cudnn cudnn gemm", "torch full"),
-        "1B full, cuDNN attention, Triton products for any dot": ("xlt full cudnn triton", "torch full"),
-        "1B full, cuDNN attention, cuBLAS + LHS flags, concurrent graph regions": (
-            "xlt full cudnn cublas concurrent", "torch full"),
-        "1B full, cuDNN attention, cuBLAS + LHS flags, block-level fusion rewriter": (
-            "xlt full cudnn cublas block level", "torch full"),
-        "1B full, cuDNN attention, cuBLAS + LHS flags, heroless Triton fusion": (
-            "xlt full cudnn cublas heroless", "torch full"),
-        "1B full, cuDNN attention, cuBLAS + LHS flags, cuDNN norms": ("xlt full cudnn cublas cudnn norm", "torch full"),
         "1B full, cuDNN attention, [out, in] weights (a loaded model's layout)": ("xlt full cudnn weight", "torch full"),
         "1B full, batch 4, cuDNN attention": ("xlt full cudnn b4", None),
         "1B full, batch 16, cuDNN attention": ("xlt full cudnn b16", None),
