@@ -8,8 +8,10 @@ PROFILE_DIR is gpu_check's: the trace (plugins/profile/*/*.xplane.pb, read throu
 optional package: pip install xprof) and hlo/*after_optimizations.txt beside it. A kernel named
 as an op of the module is that op (XLA's fusions and Triton's products); cuBLAS's kernels are
 matched in order with the module's cuBLAS custom calls, one kernel each (their counts must
-agree); cuDNN's kernels are attention. Prints the kernel time by class, the products grouped by
-the model path they come from with their TFLOP/s, and the costliest other ops.
+agree); cuDNN's kernels are attention. Prints the kernel time and the span it fills (first
+kernel's start to the last one's end: the rest of a step's wall time is the host's), time by
+class, the products grouped by the model path they come from with their TFLOP/s, and the
+costliest other ops with their kernel counts and result types.
 """
 
 from __future__ import annotations
@@ -71,11 +73,13 @@ def attribute(kernels: list[dict], hlo: str) -> list[tuple[str, float, dict]]:
   return out
 
 
-def report(rows: list[tuple[str, float, dict]], top: int, peak_tflops: float) -> str:
+def report(rows: list[tuple[str, float, dict]], top: int, peak_tflops: float, span_us: float | None = None) -> str:
+  """Time by class, products by model path, and the costliest other ops (each with its kernel
+  count and result type); `span_us`: from the first kernel's start to the last one's end."""
   total = sum(us for _, us, _ in rows)
   by_class = collections.Counter()
   products = collections.defaultdict(lambda: [0, 0.0, 0])
-  others = collections.Counter()
+  others = collections.defaultdict(lambda: [0, 0.0, ""])
   for cls, us, info in rows:
     by_class[cls] += us
     if info["flops"]:
@@ -84,18 +88,22 @@ def report(rows: list[tuple[str, float, dict]], top: int, peak_tflops: float) ->
       products[key][1] += us
       products[key][2] += info["flops"]
     elif cls == "other op":
-      others[(info.get("name", ""), _short(info["where"]))] += us
+      other = others[(info.get("name", ""), _short(info["where"]))]
+      other[0] += 1
+      other[1] += us
+      other[2] = info.get("type", "")
   flops = sum(p[2] for p in products.values())
   product_us = by_class["cuBLAS product"] + by_class["Triton product"]
-  lines = [f"kernels: {total / 1e3:.1f} ms; products {product_us / 1e3:.1f} ms ({flops / 1e12:.1f} TFLOP at "
+  span = f" in a {span_us / 1e3:.1f} ms span" if span_us else ""
+  lines = [f"kernels: {total / 1e3:.1f} ms{span}; products {product_us / 1e3:.1f} ms ({flops / 1e12:.1f} TFLOP at "
            f"{flops / product_us / 1e6:.0f} TFLOP/s; peak {peak_tflops:.0f})",
            "by class: " + ", ".join(f"{k} {v / 1e3:.1f} ms ({v / total:.0%})" for k, v in by_class.most_common()),
            "", "| products from | kernels | ms | TFLOP/s |", "|---|---|---|---|"]
   for key, (n, us, f) in sorted(products.items(), key=lambda kv: -kv[1][1])[:top]:
     lines.append(f"| {key} | {n} | {us / 1e3:.2f} | {f / us / 1e6:.0f} |")
-  lines += ["", "| other op | from | ms |", "|---|---|---|"]
-  for (name, where), us in others.most_common(top):
-    lines.append(f"| {name} | {where} | {us / 1e3:.2f} |")
+  lines += ["", "| other op | from | kernels | ms | result |", "|---|---|---|---|---|"]
+  for (name, where), (n, us, typ) in sorted(others.items(), key=lambda kv: -kv[1][1])[:top]:
+    lines.append(f"| {name} | {where} | {n} | {us / 1e3:.2f} | {typ} |")
   return "\n".join(lines)
 
 
@@ -111,7 +119,9 @@ def main(argv=None):
                      "dumps it)")
   with open(max(hlos, key=os.path.getsize)) as f:  # the step's module is the largest
     hlo = f.read()
-  print(report(attribute(kernel_events(a.profile_dir), hlo), a.top, a.peak_tflops))
+  kernels = kernel_events(a.profile_dir)
+  span = max(k["ts"] + k["dur"] for k in kernels) - kernels[0]["ts"] if kernels else None
+  print(report(attribute(kernels, hlo), a.top, a.peak_tflops, span))
 
 
 if __name__ == "__main__":

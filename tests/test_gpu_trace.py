@@ -47,10 +47,12 @@ def test_kernels_are_attributed_by_name_and_in_order():
                                                 ("cuDNN attention", 3.0), ("cuBLAS product", 8.0)]
   assert rows[0][2]["flops"] == 2 * 64 * 16 * 32
   assert rows[4][2]["where"].endswith("transpose(jvp(GPT))/block_1/mlp/proj/dot_general")
-  out = gpu_trace.report(rows, top=5, peak_tflops=989)
+  out = gpu_trace.report(rows, top=5, peak_tflops=989, span_us=20.0)
+  assert out.startswith("kernels: 0.0 ms in a 0.0 ms span; products")
   assert "by class: cuBLAS product 0.0 ms (67%), cuDNN attention 0.0 ms (17%)" in out
   assert "| backward block_*/mlp/proj | 1 | 0.01 | 0 |" in out
-  assert "| loop_multiply_fusion_3 | block_0/mlp | 0.00 |" in out
+  # an other op: its kernels, time and result type
+  assert "| loop_multiply_fusion_3 | block_0/mlp | 1 | 0.00 | bf16[64,16] |" in out
 
 
 def test_a_trace_of_another_module_is_one_clear_error():

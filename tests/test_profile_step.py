@@ -80,6 +80,6 @@ def test_tuple_typed_kernels_cublas_calls_and_a_long_entry_head():
   ops = profile_step.hlo_ops(LONG_HEAD)
   # the entry's head holds '=' in a /*index=1*/ comment: its instructions are still its own
   assert ops["custom-call.1"] == {"flops": 2 * 8 * 4 * 16, "where": "jit(f)/jvp(GPT)/block_0/mlp/fc/dot_general",
-                                  "cublas": True}
+                                  "cublas": True, "type": "(f32[8,4], s8[64])"}  # its type without layouts
   assert ops["fusion.2"]["flops"] == 0 and not ops["fusion.2"]["cublas"]  # a multi-output fusion is listed
   assert "while.3" not in ops and ops["gte.4"]["flops"] == 0  # a tuple-typed non-kernel is not
