@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of issues 40 and 45 in one run on one lent GPU (about 9 minutes), writing to $1:
 #   bash benchmarks/gpu_run.sh OUT_DIR [SPEED_BUDGET_S] [STUDY_BUDGET_S]
-# 1. benchmarks/gpu_check.py (speed, MFU, decoding; one traced step of the 1B full step);
+# 1. benchmarks/gpu_check.py (speed, MFU, decoding; one traced step of the 1B full step, kept in
+#    profile.tgz with its compiled HLO for benchmarks/gpu_trace.py);
 # 2. configs/claims_study_gpu.py for what is left of the time (its per-stage metrics kept).
 # Packages the GPU image lacks come as wheels in .whl/ (installed into a scratch folder when present):
 # ml_collections, grain, array-record, portpicker, tensorboardX (pip download, the device README).
@@ -18,7 +19,10 @@ export PYTHONUNBUFFERED=1
 python3 benchmarks/gpu_check.py --out="$out/gpu_check.json" --budget_s="$speed_s" --profile_dir="$work/profile" \
   ${GPU_JOBS:+--jobs "$GPU_JOBS"} \
   2>&1 | tee "$out/gpu_check.log"
-find "$work/profile" -name '*.xplane.pb' -exec cp {} "$out/step.xplane.pb" \; 2>/dev/null
+# the traced step and its compiled HLO, as benchmarks/gpu_trace.py reads them (here or back home:
+# mkdir p && tar xzf profile.tgz -C p && python benchmarks/gpu_trace.py p, with xprof installed)
+(cd "$work/profile" 2>/dev/null && tar -czf "$out/profile.tgz" $(find . -name '*.xplane.pb') \
+  $(find ./hlo -name '*after_optimizations.txt' 2>/dev/null))
 timeout -s INT "$study_s" python3 -m xlt.main --config=configs/claims_study_gpu.py --workdir="$work/claims_gpu" \
   > "$out/claims_gpu.log" 2>&1
 echo "claims study exit: $?" >> "$out/claims_gpu.log"
