@@ -102,39 +102,32 @@ def blas(a, b, transpose_a: bool = False, transpose_b: bool = False):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _product(x_MxK, w, w_is_NxK: bool):
+  """x @ w.T (w [N, K], xlt.matmul.dense_t's layout) or x @ w (w [K, N]) by the custom call,
+  its backward pass the same call: the input and the weight gradient."""
+  return blas(x_MxK, w, transpose_b=w_is_NxK)
+
+
+def _product_bwd(w_is_NxK, residuals, dy_MxN):
+  x_MxK, w = residuals
+  dw = blas(dy_MxN, x_MxK, transpose_a=True) if w_is_NxK else blas(x_MxK, dy_MxN, transpose_a=True)
+  return blas(dy_MxN, w, transpose_b=not w_is_NxK), dw
+
+
+_product.defvjp(lambda x, w, w_is_NxK: (_product(x, w, w_is_NxK), (x, w)), _product_bwd)
+
+
 def blas_dense_t(x, w, n: int):
   """xlt.matmul.dense_t (x's last n axes against w's last n) by the custom call."""
   k = math.prod(w.shape[w.ndim - n:])
-  out = blas(x.reshape(-1, k), w.reshape(-1, k), transpose_b=True)
+  out = _product(x.reshape(-1, k), w.reshape(-1, k), True)
   return out.reshape(x.shape[:x.ndim - n] + w.shape[:w.ndim - n])
 
 
-def _dense_t_bwd(n, residuals, dy):
-  x, w = residuals
-  k = math.prod(w.shape[w.ndim - n:])
-  x_MxK, w_NxK = x.reshape(-1, k), w.reshape(-1, k)
-  dy_MxN = dy.reshape(x_MxK.shape[0], w_NxK.shape[0])
-  return blas(dy_MxN, w_NxK).reshape(x.shape), blas(dy_MxN, x_MxK, transpose_a=True).reshape(w.shape)
-
-
-blas_dense_t.defvjp(lambda x, w, n: (blas_dense_t(x, w, n), (x, w)), _dense_t_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _blas_dense(x, w, n: int):
+  """xlt.matmul.dense (x's last n axes against w's first n) by the custom call."""
   k = math.prod(w.shape[:n])
-  return blas(x.reshape(-1, k), w.reshape(k, -1)).reshape(x.shape[:x.ndim - n] + w.shape[n:])
-
-
-def _dense_bwd(n, residuals, dy):
-  x, w = residuals
-  k = math.prod(w.shape[:n])
-  x_MxK, w_KxN = x.reshape(-1, k), w.reshape(k, -1)
-  dy_MxN = dy.reshape(x_MxK.shape[0], w_KxN.shape[1])
-  return blas(dy_MxN, w_KxN, transpose_b=True).reshape(x.shape), blas(x_MxK, dy_MxN, transpose_a=True).reshape(w.shape)
-
-
-_blas_dense.defvjp(lambda x, w, n: (_blas_dense(x, w, n), (x, w)), _dense_bwd)
+  return _product(x.reshape(-1, k), w.reshape(k, -1), False).reshape(x.shape[:x.ndim - n] + w.shape[n:])
 
 
 @contextlib.contextmanager
