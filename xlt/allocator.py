@@ -3,7 +3,8 @@
 XLA:CPU allocates and frees many short-lived buffers per step; with glibc's malloc much of a
 small model's step goes to mmap/munmap (../shared/PERF.md). A malloc must be chosen before the
 process starts, so `preload()` re-executes the current command with one preloaded
-(LD_PRELOAD), once: `python -m xlt.main` and the benchmarks call it first thing.
+(LD_PRELOAD), once: `python -m xlt.main` and the training benchmarks call it first thing
+(decoding's entry points and benchmarks keep the system malloc).
 
 XLT_ALLOCATOR picks it:
   auto (default)  mimalloc from the `cmeel-mimalloc` wheel that xlt's install brings; else
