@@ -25,7 +25,8 @@ def _assert_trees_close(a, b, **tol):
 
 def test_training_lowers_the_loss(graph_config, tmp_path):
   c = graph_config
-  c.train.steps = 60
+  # one checkpoint, at the end: this test reads none, and fifteen saves were a quarter of its time
+  c.train.steps, c.train.checkpoint_every = 60, 60
   cfg, members = _members(c, seeds=(0,))
   batch = {k: v[None, :64] for k, v in members[0].train.items()}
   before = train_lib.eval_loss(cfg, jax.vmap(lambda s: model.init_params(cfg, jax.random.key(s)))(np.array([0])), batch)
@@ -40,7 +41,7 @@ def separate_runs(tmp_path_factory):
   """The final parameters of each of `_members`' two members trained alone (one member: the
   default strategy), the reference of both strategies' ensembles: trained once for the module."""
   c = small_graph_config()
-  c.train.ensemble = "auto"
+  c.train.ensemble, c.train.checkpoint_every = "auto", c.train.steps  # one save: none is read
   cfg, members = _members(c, (0, 1))
   return [jax.device_get(loop.train_ensemble(c, cfg, [m], None, str(tmp_path_factory.mktemp(m.name)),
                                              progress=False)["state"]["params"]) for m in members]
@@ -48,7 +49,7 @@ def separate_runs(tmp_path_factory):
 
 @pytest.mark.parametrize("strategy", ["vmap", "map"])
 def test_ensemble_matches_separate_runs(graph_config, tmp_path, strategy, separate_runs):
-  graph_config.train.ensemble = strategy
+  graph_config.train.ensemble, graph_config.train.checkpoint_every = strategy, graph_config.train.steps
   cfg, members = _members(graph_config, (0, 1))
   together = loop.train_ensemble(graph_config, cfg, members, None, str(tmp_path / "both"), progress=False)
   for i, alone in enumerate(separate_runs):
