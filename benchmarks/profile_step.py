@@ -63,8 +63,9 @@ def hlo_ops(hlo: str) -> dict[str, dict]:
   module's: the order its kernels run): {name: {"flops": 2·M·N·K summed over its products (its
   own if it is a `dot` or a cuBLAS call, its fused computation's if it calls one; 0 if it has
   none), "where": its op_name metadata (the jax path it came from), "cublas": whether it is a
-  cuBLAS call, "type": its result type without layouts}}. Operands' types are looked up in the computation that defines them; of the
-  tuple-typed instructions only kernels (multi-output fusions, library calls) are listed."""
+  cuBLAS call, "type": its result type without layouts}}. Operands' types are looked up in the
+  computation that defines them; of the tuple-typed instructions only kernels (multi-output
+  fusions, library calls) are listed."""
   computations: dict[str, list[tuple]] = {}
   current = None
   for line in hlo.splitlines():
