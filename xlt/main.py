@@ -196,39 +196,56 @@ def _message(error: Exception) -> str:
   return " ".join(lines) if lines else type(error).__name__
 
 
+def _check_command(c):
+  """The command line's own mistakes: flags for a grid on a config without one, --stop_after on
+  a grid, point workers without a core each. Checked before jax and the experiment's modules
+  are imported, so that these errors come at once instead of seconds later."""
+  if not c.get("grid"):
+    if _POINTS.value is not None or _POINT_WORKERS.value != 1:
+      raise ValueError("--points and --point_workers are for a grid config; this config has no grid")
+  elif _STOP_AFTER.value is not None:
+    raise ValueError("--stop_after stops one experiment; a grid config runs several")
+  elif _POINT_WORKERS.value > 1:
+    workers.worker_cores(_POINT_WORKERS.value, cpu_devices.available_cores(), "point workers")
+
+
+def _exit_with(error: Exception):
+  """A user error's one line and exit status 2 (its traceback with --traceback)."""
+  if _TRACEBACK.value:
+    raise error
+  print(f"xlt: error: {_message(error)} (--traceback for the full trace)", file=sys.stderr)
+  sys.exit(2)
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint file at INFO
+  c = _CONFIG.value
+  try:
+    _check_command(c)
+  except ValueError as e:
+    _exit_with(e)
   from xlt import checkpoint, distributed, grid, runner
 
-  c = _CONFIG.value
   try:
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     if not distributed.is_main():
       # process 0 prints the tables and summaries; the others (C++ libraries included) nothing
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    if c.get("grid"):
-      if _STOP_AFTER.value is not None:
-        raise ValueError("--stop_after stops one experiment; a grid config runs several")
-      if _POINT_WORKERS.value > 1:
-        grid.run_in_workers(c, _WORKDIR.value, lambda p: worker_command(sys.argv, f"--points={p}"),
-                            _POINT_WORKERS.value, only=_POINTS.value)
-      else:
-        grid.run(c, _WORKDIR.value, only=_POINTS.value)
-    elif _POINTS.value is not None or _POINT_WORKERS.value != 1:
-      raise ValueError("--points and --point_workers are for a grid config; this config has no grid")
-    else:
+    if not c.get("grid"):
       runner.run(c, _WORKDIR.value, stop_after=_STOP_AFTER.value)
+    elif _POINT_WORKERS.value > 1:
+      grid.run_in_workers(c, _WORKDIR.value, lambda p: worker_command(sys.argv, f"--points={p}"),
+                          _POINT_WORKERS.value, only=_POINTS.value)
+    else:
+      grid.run(c, _WORKDIR.value, only=_POINTS.value)
   except workers.WorkerFailed as e:  # the worker's log has the trace
     print(f"xlt: error: {e}", file=sys.stderr)
     sys.exit(1)
   except (ValueError, KeyError, FileNotFoundError, checkpoint.CheckpointError) as e:
     # xlt checks configs, data files, meshes and checkpoints and raises these with a message
     # that says what to change; anything else is a bug and keeps its traceback.
-    if _TRACEBACK.value:
-      raise
-    print(f"xlt: error: {_message(e)} (--traceback for the full trace)", file=sys.stderr)
-    sys.exit(2)
+    _exit_with(e)
 
 
 if __name__ == "__main__":
