@@ -7,12 +7,14 @@ the greedy pick (`jnp.argmax`) against the row maximum followed by the first ind
   python benchmarks/decode_attention.py [--rounds 7] [--out results/exploratory/decode_attention.json]
 
 A decoding step's products have one row per sequence and head, so XLA:CPU runs attention as
-many tiny batched products; in a trace of benchmarks/decode_speed.py's batch-64 step they ran
-at 6-15 GFLOP/s. This measures whether other forms of the same ops run faster, at decoding
-shapes (decode_speed.py's tiny Llama, a GPT-2-like and a Llama-1B-like layer, compare.py's
-decoding) and vocabularies (8k to Qwen's 152k). The forms take turns call by call, on one CPU
-device with every core, as xlt.generate runs; each row reports the medians, their ratio and the
-largest difference between the forms' outputs (0: the same numbers; the sums' order may differ).
+many tiny batched products, and the pick is a reduction over the vocabulary: in a jax.profiler
+trace of benchmarks/decode_speed.py's batch-64 step both were among its slowest ops for their
+work. This measures whether other forms of the same ops run faster, at decoding shapes
+(decode_speed.py's tiny Llama; GPT-2-, Llama-1B-, Llama-8B- and Qwen2-7B-like layers, caches
+up to 2,048 tokens; compare.py's decoding) and vocabularies (8k to Qwen's 152k). The forms
+take turns call by call, on one CPU device with every core, as xlt.generate runs; each row
+reports the medians, their ratio and the largest difference between the forms' outputs (0: the
+same numbers; the sums' order may differ).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ ATTENTION = [
     ("decode_speed tiny Llama", 64, 8, 2, 32, 96),
     ("GPT-2-like layer", 8, 12, 12, 64, 512), ("GPT-2-like layer", 64, 12, 12, 64, 512),
     ("Llama-1B-like layer", 8, 32, 8, 64, 512), ("Llama-1B-like layer", 64, 32, 8, 64, 512),
+    ("Llama-1B-like layer", 1, 32, 8, 64, 2048), ("Llama-8B-like layer", 1, 32, 8, 128, 2048),
+    ("Llama-8B-like layer", 8, 32, 8, 128, 2048), ("Qwen2-7B-like layer", 8, 28, 4, 128, 1024),
     ("compare.py decoding", 512, 4, 4, 32, 120),
 ]
 # (name, batch, vocabulary)
