@@ -185,6 +185,23 @@ def test_causal_attention_and_its_gradient_equal_the_plain_softmax():
     np.testing.assert_allclose(g, g_plain, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_one_query_against_grouped_heads_equals_the_heads_repeated(softcap):
+  """A decoding step's attention with fewer key/value heads than query heads (computed in the
+  grouped layout on a CPU) equals the attention with each key/value head repeated for its
+  queries, as transformers' repeat_kv does; dropout still sees the weights [B, H, 1, S]."""
+  q = jax.random.normal(jax.random.key(0), (3, 6, 1, 4)) * 3
+  k, v = (jax.random.normal(jax.random.key(i), (3, 2, 9, 4)) * 3 for i in (1, 2))
+  mask = jnp.arange(9)[None, None, None, :] < jnp.asarray([9, 4, 1])[:, None, None, None]  # each row's cache
+  repeat = lambda x: jnp.repeat(x, 3, axis=1)  # noqa: E731  (query head h reads key/value head h // 3)
+  shapes = []
+  drop = lambda p: (shapes.append(p.shape), p * 0.5)[1]  # noqa: E731  (halved weights, normalised as before)
+  attend = jax.jit(lambda q, k, v: model.causal_attention(q, k, v, mask, drop, softcap=softcap))
+  got, want = attend(q, k, v), attend(q, repeat(k), repeat(v))
+  assert got.shape == (3, 1, 6, 4) and shapes == [(3, 6, 1, 9)] * 2
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("chunks", [2, 3, 7, 9])
 def test_causal_attention_in_query_chunks_equals_one_chunk(chunks):
   """Chunks of queries that attend only to the keys up to their last position compute the

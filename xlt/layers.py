@@ -126,6 +126,9 @@ def causal_attention(q_BxHxTxK, k_BxGxSxK, v_BxGxSxK, mask_TxS, drop=lambda p: p
 
 
 def _attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop, softcap=None):
+  if (q_BxHxTxK.shape[2] == 1 and k_BxHxSxK.shape[1] != q_BxHxTxK.shape[1]
+      and jax.default_backend() == "cpu"):
+    return _one_query_grouped(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop, softcap)
   dt = q_BxHxTxK.dtype
   att_BxHxTxS = matmul.attention_scores(q_BxHxTxK, k_BxHxSxK).astype(jnp.float32)
   if softcap:
@@ -140,6 +143,26 @@ def _attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop, softcap=None):
   # `drop` (dropout of the attention weights) after the sum: the normalised weights are dropped
   out_BxTxHxK = matmul.attention_values(drop(p_BxHxTxS).astype(dt), v_BxHxSxK)
   return (out_BxTxHxK.astype(jnp.float32) / sum_BxTxHx1).astype(dt)
+
+
+def _one_query_grouped(q_BxHx1xK, k_BxGxSxK, v_BxGxSxK, mask_TxS, drop, softcap=None):
+  """`_attention` of one query per row against fewer key/value heads G than query heads H, on a
+  CPU (a decoding step of a Llama-like model): the same ops, in the grouped layout [B, G, R, S]
+  from the scores' product to the values' (query head h = g·R + r). With the scores reshaped
+  to [B, H, 1, S] between them, XLA:CPU fused the product with the softmax in a form that read
+  a large KV cache several times slower (benchmarks/decode_attention.py)."""
+  dt = q_BxHx1xK.dtype
+  b, h, _, d = q_BxHx1xK.shape
+  g, s = k_BxGxSxK.shape[1], k_BxGxSxK.shape[2]
+  att_BxGxRxS = matmul.attention_scores(q_BxHx1xK.reshape(b, g, h // g, d), k_BxGxSxK).astype(jnp.float32)
+  if softcap:
+    att_BxGxRxS = jnp.tanh(att_BxGxRxS / softcap) * softcap
+  att_BxGxRxS = att_BxGxRxS + matmul.mask_bias(mask_TxS)  # [T, S] or [B, 1, T, S], T = 1
+  p_BxGxRxS = jnp.exp(att_BxGxRxS - jax.lax.stop_gradient(att_BxGxRxS.max(-1, keepdims=True)))
+  sum_Bx1xHx1 = p_BxGxRxS.sum(-1).reshape(b, 1, h, 1)
+  p_BxGxRxS = drop(p_BxGxRxS.reshape(b, h, 1, s)).astype(dt).reshape(b, g, h // g, s)
+  out_BxGxRxK = jnp.einsum("bgrs,bgsk->bgrk", p_BxGxRxS, v_BxGxSxK)  # as matmul.attention_values
+  return (out_BxGxRxK.reshape(b, 1, h, d).astype(jnp.float32) / sum_Bx1xHx1).astype(dt)
 
 
 _GELU_C = (2 / jnp.pi) ** 0.5
