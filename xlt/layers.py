@@ -130,19 +130,24 @@ def _attention(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop, softcap=None):
       and jax.default_backend() == "cpu"):
     return _one_query_grouped(q_BxHxTxK, k_BxHxSxK, v_BxHxSxK, mask_TxS, drop, softcap)
   dt = q_BxHxTxK.dtype
-  att_BxHxTxS = matmul.attention_scores(q_BxHxTxK, k_BxHxSxK).astype(jnp.float32)
-  if softcap:
-    att_BxHxTxS = jnp.tanh(att_BxHxTxS / softcap) * softcap
-  # the mask as an added bias (xlt.matmul.mask_bias): masked entries become exp(-1e30) = 0
-  att_BxHxTxS = att_BxHxTxS + matmul.mask_bias(mask_TxS)
-  max_BxHxTx1 = jax.lax.stop_gradient(att_BxHxTxS.max(-1, keepdims=True))
-  p_BxHxTxS = jnp.exp(att_BxHxTxS - max_BxHxTx1)
+  p_BxHxTxS = _unnormalised_weights(matmul.attention_scores(q_BxHxTxK, k_BxHxSxK), mask_TxS, softcap)
   # >= 1: the diagonal is unmasked (or, for a padding query that may see no real key, every
   # score is -1e30 and each exp 1: finite, unused values)
   sum_BxTxHx1 = p_BxHxTxS.sum(-1).transpose(0, 2, 1)[..., None]
   # `drop` (dropout of the attention weights) after the sum: the normalised weights are dropped
   out_BxTxHxK = matmul.attention_values(drop(p_BxHxTxS).astype(dt), v_BxHxSxK)
   return (out_BxTxHxK.astype(jnp.float32) / sum_BxTxHx1).astype(dt)
+
+
+def _unnormalised_weights(att_BxHxTxS, mask_TxS, softcap=None):
+  """exp(scores - row max) in float32, the soft-cap (Gemma 2) and the mask applied: the attention
+  weights before their division by the row sum, in whatever layout the scores come."""
+  att_BxHxTxS = att_BxHxTxS.astype(jnp.float32)
+  if softcap:
+    att_BxHxTxS = jnp.tanh(att_BxHxTxS / softcap) * softcap
+  # the mask as an added bias (xlt.matmul.mask_bias): masked entries become exp(-1e30) = 0
+  att_BxHxTxS = att_BxHxTxS + matmul.mask_bias(mask_TxS)
+  return jnp.exp(att_BxHxTxS - jax.lax.stop_gradient(att_BxHxTxS.max(-1, keepdims=True)))
 
 
 def _one_query_grouped(q_BxHx1xK, k_BxGxSxK, v_BxGxSxK, mask_TxS, drop, softcap=None):
@@ -154,11 +159,8 @@ def _one_query_grouped(q_BxHx1xK, k_BxGxSxK, v_BxGxSxK, mask_TxS, drop, softcap=
   dt = q_BxHx1xK.dtype
   b, h, _, d = q_BxHx1xK.shape
   g, s = k_BxGxSxK.shape[1], k_BxGxSxK.shape[2]
-  att_BxGxRxS = matmul.attention_scores(q_BxHx1xK.reshape(b, g, h // g, d), k_BxGxSxK).astype(jnp.float32)
-  if softcap:
-    att_BxGxRxS = jnp.tanh(att_BxGxRxS / softcap) * softcap
-  att_BxGxRxS = att_BxGxRxS + matmul.mask_bias(mask_TxS)  # [T, S] or [B, 1, T, S], T = 1
-  p_BxGxRxS = jnp.exp(att_BxGxRxS - jax.lax.stop_gradient(att_BxGxRxS.max(-1, keepdims=True)))
+  att_BxGxRxS = matmul.attention_scores(q_BxHx1xK.reshape(b, g, h // g, d), k_BxGxSxK)
+  p_BxGxRxS = _unnormalised_weights(att_BxGxRxS, mask_TxS, softcap)  # mask [T, S] or [B, 1, T, S], T = 1
   sum_Bx1xHx1 = p_BxGxRxS.sum(-1).reshape(b, 1, h, 1)
   p_BxGxRxS = drop(p_BxGxRxS.reshape(b, h, 1, s)).astype(dt).reshape(b, g, h // g, s)
   out_BxGxRxK = jnp.einsum("bgrs,bgsk->bgrk", p_BxGxRxS, v_BxGxSxK)  # as matmul.attention_values
