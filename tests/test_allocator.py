@@ -52,6 +52,24 @@ def test_preloaded_malloc_gives_bit_identical_training():
   assert fast_hash == system_hash
 
 
+def test_mimalloc_purges_with_madv_free_unless_told():
+  """xlt's mimalloc returns freed pages with MADV_FREE (MIMALLOC_PURGE_DECOMMITS=0); a value the
+  user set is kept."""
+  if allocator._mimalloc() is None:
+    pytest.skip("no mimalloc on this machine")
+  script = "from xlt import allocator; allocator.preload(); import os; " \
+           "print(allocator.in_use(), os.environ.get('MIMALLOC_PURGE_DECOMMITS'))"
+  for given, expected in ((None, "0"), ("1", "1")):
+    env = child_env(XLT_ALLOCATOR="mimalloc", PYTHONPATH=REPO)
+    env.pop("LD_PRELOAD", None)
+    env.pop("MIMALLOC_PURGE_DECOMMITS", None)
+    if given is not None:
+      env["MIMALLOC_PURGE_DECOMMITS"] = given
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["mimalloc", expected]
+
+
 def test_bad_allocator_choice():
   with pytest.raises(ValueError, match="XLT_ALLOCATOR"):
     allocator.library("jemalloc")

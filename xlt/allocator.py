@@ -11,6 +11,10 @@ XLT_ALLOCATOR picks it:
                   tcmalloc if the system has it (Debian: libtcmalloc-minimal4); else none
   mimalloc, tcmalloc   that one (an error if it cannot be found)
   system          glibc's malloc (no re-execution)
+With mimalloc, freed pages are purged with MADV_FREE (MIMALLOC_PURGE_DECOMMITS=0, unless set):
+a step frees and reallocates buffers of hundreds of MB, and mimalloc's default purge (MADV_DONTNEED)
+made the next step fault them in and zero them again, a step in three or four twice as slow
+(`benchmarks/allocator_purge.py`). The kernel still takes MADV_FREE pages when memory runs short.
 Only Linux is handled; elsewhere `preload` does nothing.
 """
 
@@ -75,6 +79,8 @@ def preload():
   if lib is None:
     return
   env = dict(os.environ, LD_PRELOAD=":".join(filter(None, [lib, os.environ.get("LD_PRELOAD")])), **{_MARK: "1"})
+  if "mimalloc" in os.path.basename(lib):
+    env.setdefault("MIMALLOC_PURGE_DECOMMITS", "0")
   # the command exactly as started (-m module, script or -c code, interpreter flags included)
   argv = [sys.executable, *sys.orig_argv[1:]]
   sys.stdout.flush()
