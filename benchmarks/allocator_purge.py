@@ -54,8 +54,7 @@ def child(a) -> None:
   import profile_step
 
   job = argparse.Namespace(job=a.child, workdir=a.workdir, update="map")
-  mesh, step, state, batch, _ = (profile_step._finetune_job if a.child.startswith("finetune:")
-                                 else profile_step._compare_job)(job)
+  mesh, step, state, batch, _ = profile_step.job_setup(job)
   with jax.set_mesh(mesh):
     compiled = step.lower(state, batch).compile()
     for _ in range(3):

@@ -157,7 +157,7 @@ def report(times_us: collections.Counter, ops: dict[str, dict], per: float, top:
   return "\n".join(lines)
 
 
-def _compare_job(a):
+def compare_job(a):
   """(mesh, step, state, batch, label) of one of benchmarks/compare.py's training jobs."""
   import numpy as np
 
@@ -174,7 +174,7 @@ def _compare_job(a):
   return mesh, step, state, batch, job["label"]
 
 
-def _finetune_job(a):
+def finetune_job(a):
   """(mesh, step, state, batch, label) of benchmarks/finetune_step.py's xlt side, e.g.
   finetune:small/full, on the checkpoint that benchmark wrote under --workdir (kept there)."""
   import finetune_step as ft
@@ -191,11 +191,17 @@ def _finetune_job(a):
   return mesh, step, state, batch, f"finetune {job}"
 
 
+def job_setup(a):
+  """(mesh, step, state, batch, label) of `a.job`: a finetune:<shape>/<mode> job or one of
+  compare.py's training jobs (a.workdir and a.update: the finetune jobs' checkpoints and update)."""
+  return finetune_job(a) if a.job.startswith("finetune:") else compare_job(a)
+
+
 def main(a):
   import jax
   import numpy as np
 
-  mesh, step, state, batch, label = _finetune_job(a) if a.job.startswith("finetune:") else _compare_job(a)
+  mesh, step, state, batch, label = job_setup(a)
   with jax.set_mesh(mesh):
     compiled = step.lower(state, batch).compile()  # run below as compiled, so its HLO is the one traced
     ops = hlo_ops(compiled.as_text())
