@@ -13,8 +13,9 @@ XLT_ALLOCATOR picks it:
   system          glibc's malloc (no re-execution)
 With mimalloc, freed pages are purged with MADV_FREE (MIMALLOC_PURGE_DECOMMITS=0, unless set):
 a step frees and reallocates buffers of hundreds of MB, and mimalloc's default purge (MADV_DONTNEED)
-made the next step fault them in and zero them again, a step in three or four twice as slow
-(`benchmarks/allocator_purge.py`). The kernel still takes MADV_FREE pages when memory runs short.
+made the next step fault them in and zero them again, and some steps ran much slower
+(`benchmarks/allocator_purge.py` measures both). The kernel still takes MADV_FREE pages when
+memory runs short.
 Only Linux is handled; elsewhere `preload` does nothing.
 """
 
