@@ -102,7 +102,8 @@ def main(argv=None):
   p.add_argument("--jobs", default=",".join(JOBS), help="comma-separated")
   p.add_argument("--rounds", type=int, default=2, help="processes per job and setting")
   p.add_argument("--steps", type=int, default=12, help="steps timed per process")
-  p.add_argument("--workdir", default=os.path.join(os.path.dirname(HERE), "runs", "finetune"), help="finetune jobs: the checkpoints' directory")
+  p.add_argument("--workdir", default=os.path.join(os.path.dirname(HERE), "runs", "finetune"),
+                 help="finetune jobs: the checkpoints' directory")
   p.add_argument("--out", default="results/exploratory/allocator_purge.json")
   p.add_argument("--child", help=argparse.SUPPRESS)
   a = p.parse_args(argv)
@@ -125,7 +126,8 @@ def main(argv=None):
       a.out, benchmark="allocator_purge", title="mimalloc's purge: decommit against MADV_FREE, per training step",
       columns=["job", "purge", "mean ms", "median ms", "slow steps", "system ms / step", "minor faults / step",
                "peak RSS MiB"],
-      rows=rows, wall_s=time.perf_counter() - start, versions={k: metadata.version(k) for k in ("jax", "cmeel-mimalloc")},
+      rows=rows, wall_s=time.perf_counter() - start,
+      versions={k: metadata.version(k) for k in ("jax", "cmeel-mimalloc")},
       notes=f"{a.rounds} fresh processes per job and setting (alternating), {a.steps} timed steps each after 3 "
             "unmeasured; 'slow steps': the share over 1.5x the job's median over both settings; mimalloc "
             "preloaded (xlt.allocator), MIMALLOC_PURGE_DECOMMITS set to 1 (mimalloc's default) or 0.")
