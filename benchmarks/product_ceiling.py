@@ -21,6 +21,15 @@ Both hold the projections' weights [out, in] as torch's Linear does (the loaded 
 runs it); LoRA's products are plain `a @ b` and `x.T @ dy` (xlt: `xlt.matmul.dense`'s). The
 table's ratio is PyTorch's products' time over xlt's: the most the step can lead by when both
 tools spend nothing besides their products.
+
+  python benchmarks/product_ceiling.py --workdir=runs/finetune --out=results/benchmarks/product_ceiling.json
+
+With --workdir, each round also times benchmarks/finetune_step.py's two steps on its checkpoints
+(written there if missing; each tool in a fresh process, as that benchmark runs them), so the
+steps and the products are measured side by side on the same day: the table adds both steps'
+times, their ratio, and PyTorch's step over xlt's products alone, the step ratio xlt would reach
+if it spent nothing besides its products (at the tiny shape, where one product lasts a fraction
+of a millisecond, timing each alone overstates its share of a step).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import results_file  # noqa: E402  (neither imports jax nor torch)
 from benchmarks.compare import median_seconds, version  # noqa: E402
+from benchmarks import finetune_step  # noqa: E402
 from benchmarks.finetune_step import LORA, MODES, SHAPES, pick  # noqa: E402
 
 TOOLS = ("xlt", "torch")
@@ -141,61 +151,98 @@ def child(tool: str, keys: list, min_seconds: float) -> dict:
 # ---------------------------------------------------------------------------- the parent
 
 
-def run_rounds(jobs: list[tuple[str, str]], rounds: int, min_seconds: float) -> list[dict]:
+def _products_round(keys: list, order, min_seconds: float, tmp: str) -> dict:
+  got = {}
+  for tool in order:
+    path = os.path.join(tmp, f"{tool}.json")
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", tool, "--keys", json.dumps(keys),
+           "--min_seconds", str(min_seconds), "--child_out", path]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode:
+      sys.exit(f"the {tool} child failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    with open(path) as f:
+      got[tool] = json.load(f)
+    print(f"  {tool}: {len(keys)} products timed", file=sys.stderr, flush=True)
+  return got
+
+
+def run_rounds(jobs: list[tuple[str, str]], rounds: int, min_seconds: float, workdir: str = "") -> list[dict]:
+  """Each round: every product in a fresh process per tool; with `workdir`, then each job's
+  step as finetune_step.py times it (its children, its default timing) under "steps"."""
   keys = sorted({(k, d) for s, mode in jobs for k, d in products(s, mode)} | {REFERENCE})
+  step_args = argparse.Namespace(workdir=workdir, xlt_mesh="config", update="map")
+  timing = dict(warmup=1, steps=3, min_seconds=2.0)
   out = []
   with tempfile.TemporaryDirectory() as tmp:
     for r in range(rounds):
-      got = {}
-      for tool in (TOOLS if r % 2 == 0 else TOOLS[::-1]):
-        path = os.path.join(tmp, f"{tool}.json")
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", tool, "--keys", json.dumps(keys),
-               "--min_seconds", str(min_seconds), "--child_out", path]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        if proc.returncode:
-          sys.exit(f"the {tool} child failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-        with open(path) as f:
-          got[tool] = json.load(f)
-        print(f"  round {r + 1} {tool}: {len(keys)} products timed", file=sys.stderr, flush=True)
+      print(f"round {r + 1}", file=sys.stderr, flush=True)
+      got = _products_round(keys, TOOLS if r % 2 == 0 else TOOLS[::-1], min_seconds, tmp)
+      if workdir:
+        got["steps"] = {}
+        for i, (shape, mode) in enumerate(jobs):
+          order = TOOLS if (r + i) % 2 == 0 else TOOLS[::-1]
+          got["steps"][f"{shape}/{mode}"] = {t: finetune_step.run_child(t, f"{shape}/{mode}", step_args, timing, tmp)
+                                             for t in order}
       out.append(got)
   return out
 
 
 COLUMNS = ["shape", "mode", "products per step", "GFLOP per step", "xlt products ms", "PyTorch products ms",
            "PyTorch / xlt (products)", "xlt GFLOP/s", "PyTorch GFLOP/s"]
+STEP_COLUMNS = ["xlt step ms", "PyTorch step ms", "xlt / PyTorch (steps)", "PyTorch step / xlt products"]
+
+
+def _step_cells(job: str, rounds: list[dict], products_s: list[float]) -> list:
+  """The steps' medians over rounds, the median of the rounds' paired step ratios, and that of
+  PyTorch's step over xlt's products in the same round."""
+  steps = [r["steps"][job] for r in rounds]
+  med = lambda xs: statistics.median(xs)  # noqa: E731
+  return [round(med([s["xlt"]["step_s"] for s in steps]) * 1e3, 1),
+          round(med([s["torch"]["step_s"] for s in steps]) * 1e3, 1),
+          round(med([s["torch"]["step_s"] / s["xlt"]["step_s"] for s in steps]), 3),
+          round(med([s["torch"]["step_s"] / p for s, p in zip(steps, products_s)]), 3)]
 
 
 def table_rows(jobs, rounds: list[dict]) -> list[list]:
-  """One row per (shape, mode), then REFERENCE's row (shape "4096^3 GEMM", mode "-")."""
-  rows = []
+  """One row per (shape, mode), then REFERENCE's row (shape "4096^3 GEMM", mode "-"); with the
+  steps measured, STEP_COLUMNS' cells after COLUMNS' ("-" in the reference's row)."""
+  rows, with_steps = [], all("steps" in r for r in rounds)
   for shape, mode in [*jobs, ("4096^3 GEMM", "-")]:
     prods = [REFERENCE] if mode == "-" else products(shape, mode)
-    per_tool = {t: statistics.median(sum(r[t]["seconds"][json.dumps([k, list(d)])] for k, d in prods)
-                                     for r in rounds) for t in TOOLS}
+    sums = {t: [sum(r[t]["seconds"][json.dumps([k, list(d)])] for k, d in prods) for r in rounds] for t in TOOLS}
+    per_tool = {t: statistics.median(sums[t]) for t in TOOLS}
     gflop = sum(flops(p) for p in prods) / 1e9
     rows.append([shape, mode, len(prods), round(gflop, 2), round(per_tool["xlt"] * 1e3, 1),
                  round(per_tool["torch"] * 1e3, 1), round(per_tool["torch"] / per_tool["xlt"], 3),
                  round(gflop / per_tool["xlt"], 1), round(gflop / per_tool["torch"], 1)])
+    if with_steps:
+      rows[-1] += ["-"] * len(STEP_COLUMNS) if mode == "-" else _step_cells(f"{shape}/{mode}", rounds, sums["xlt"])
   return rows
 
 
 def main(a) -> None:
   t_start = time.perf_counter()
   jobs = [(s, m) for s in pick(a.shapes, SHAPES, "shapes") for m in pick(a.modes, MODES, "modes")]
-  rounds = run_rounds(jobs, a.rounds, a.min_seconds)
+  for shape in sorted({s for s, _ in jobs}) if a.workdir else ():
+    finetune_step.write_checkpoint(os.path.join(a.workdir, shape), SHAPES[shape]["config"], finetune_step.SEED)
+  rounds = run_rounds(jobs, a.rounds, a.min_seconds, a.workdir)
   rows = table_rows(jobs, rounds)
-  print("| " + " | ".join(COLUMNS) + " |")
+  columns = COLUMNS + (STEP_COLUMNS if a.workdir else [])
+  print("| " + " | ".join(columns) + " |")
   for row in rows:
     print("| " + " | ".join(str(x) for x in row) + " |")
   if a.out:
+    steps = (" The steps: benchmarks/finetune_step.py's children on the checkpoints under --workdir (its default "
+             "timing, xlt's mesh from configs/finetune.py), in the same rounds, alternating which tool goes first; "
+             "ratios are medians of the rounds' paired ratios." if a.workdir else "")
     results_file.write(
         a.out, benchmark=os.path.splitext(os.path.basename(a.out))[0],
         title="The loaded-model step's products alone: XLA:CPU against PyTorch, ms per step",
-        columns=COLUMNS, rows=rows, wall_s=time.perf_counter() - t_start,
-        versions={p: version(p) for p in ("jax", "torch")},
+        columns=columns, rows=rows, wall_s=time.perf_counter() - t_start,
+        versions={p: version(p) for p in ("jax", "torch", *(("transformers", "peft") if a.workdir else ()))},
         notes=(f"{a.rounds} rounds; medians of each product's time, summed over the step's products (attention's "
-               "left out); xlt: XLA on one CPU device, every core; PyTorch: torch.set_num_threads(cores); float32. "
-               + a.notes).strip(), details={"rounds": rounds})
+               "left out); xlt: XLA on one CPU device, every core; PyTorch: torch.set_num_threads(cores); float32."
+               + steps + " " + a.notes).strip(), details={"rounds": rounds})
 
 
 if __name__ == "__main__":
@@ -204,6 +251,7 @@ if __name__ == "__main__":
   p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
   p.add_argument("--rounds", type=int, default=2, help="fresh processes per tool")
   p.add_argument("--min_seconds", type=float, default=0.3, help="each product timed at least this long")
+  p.add_argument("--workdir", default="", help="also time finetune_step.py's steps on the checkpoints here")
   p.add_argument("--out", default="", help="the results file (docs/speed.md's schema)")
   p.add_argument("--notes", default="", help="appended to the file's notes")
   p.add_argument("--child", choices=TOOLS, help=argparse.SUPPRESS)

@@ -64,3 +64,26 @@ def test_product_ceiling_table_ends_with_the_reference_gemm():
   assert [r[:2] for r in rows] == [["tiny", "full"], ["4096^3 GEMM", "-"]]
   assert rows[0][2] == len(pc.products("tiny", "full")) and rows[0][4] == round(rows[0][2] * 1.0, 1)
   assert rows[1][2:7] == [1, round(2 * 4096**3 / 1e9, 2), 1.0, 2.0, 2.0]
+
+
+def test_product_ceiling_steps_beside_the_products():
+  """With the steps timed in the same rounds, each job's row adds both steps' medians, the
+  median of the rounds' paired step ratios, and PyTorch's step over xlt's products in the same
+  round; the reference GEMM's row gets dashes."""
+  import json
+
+  from benchmarks import product_ceiling as pc
+
+  jobs = [("tiny", "full")]
+  keys = {(k, d) for k, d in pc.products("tiny", "full")} | {pc.REFERENCE}
+  n = len(pc.products("tiny", "full"))
+  fake = lambda s: {"seconds": {json.dumps([k, list(d)]): s for k, d in keys}}
+  step = lambda x, t: {"tiny/full": {"xlt": {"step_s": x}, "torch": {"step_s": t}}}
+  rounds = [{"xlt": fake(1e-3), "torch": fake(1e-3), "steps": step(0.1, 0.2)},   # ratio 2, torch / products 2/n*1e3
+            {"xlt": fake(2e-3), "torch": fake(2e-3), "steps": step(0.4, 0.2)},   # ratio 0.5
+            {"xlt": fake(4e-3), "torch": fake(4e-3), "steps": step(0.2, 0.3)}]   # ratio 1.5
+  rows = pc.table_rows(jobs, rounds)
+  assert len(rows[0]) == len(pc.COLUMNS) + len(pc.STEP_COLUMNS) == len(rows[1])
+  assert rows[0][-4:] == [200.0, 200.0, 1.5, round(0.2 / (n * 2e-3), 3)]
+  assert rows[1][-4:] == ["-"] * 4
+  assert len(pc.table_rows(jobs, [{k: v for k, v in r.items() if k != "steps"} for r in rounds])[0]) == len(pc.COLUMNS)
