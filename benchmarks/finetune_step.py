@@ -112,10 +112,22 @@ def trained_in_static(path: str) -> bool:
   return "mlp" in path
 
 
-def _xlt_state(cfg, tx, mesh, params, mode: str, update: str = "map"):
+UPDATES = ("config", "auto", "map", "vmap")
+
+
+def update_of(update: str) -> str:
+  """--update's value: where xlt's optimizer update runs (xlt.train.ensemble_step); "config" is
+  the fine-tuning kind's (configs/finetune.py's train.update)."""
+  if update != "config":
+    return update
+  from configs import finetune
+
+  return finetune.get_config().train.update
+
+
+def _xlt_state(cfg, tx, mesh, params, mode: str, update: str = "config"):
   """xlt's jitted step and its initial state for `params` (one model), fully, as LoRA, or
-  with the static frozen partition; `update`: where the optimizer's update runs
-  (xlt.train.ensemble_step)."""
+  with the static frozen partition; `update`: where the optimizer's update runs (`update_of`)."""
   import jax
 
   from xlt import composite, lora, param_paths, sharding, train
@@ -127,7 +139,7 @@ def _xlt_state(cfg, tx, mesh, params, mode: str, update: str = "map"):
     tx = train.static_freeze(tx, frozen)
   stacked = jax.tree.map(lambda x: x[None], params)
   abstract = jax.eval_shape(lambda p: train.init_state(cfg, tx, [SEED], p), stacked)
-  step, st_sh, _ = train.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract, update=update)
+  step, st_sh, _ = train.make_step(cfg, tx, mesh, sharding.DEFAULT_RULES, abstract, update=update_of(update))
   with jax.set_mesh(mesh):
     state = jax.jit(lambda p: train.init_state(cfg, tx, [SEED], p), out_shardings=st_sh)(stacked)
   trained = composite.split(params)[0]
@@ -152,7 +164,7 @@ def mesh_spec(xlt_mesh: str) -> dict:
   return finetune.get_config().mesh.to_dict()
 
 
-def xlt_setup(workdir: str, job: str, xlt_mesh: str = "config", update: str = "map"):
+def xlt_setup(workdir: str, job: str, xlt_mesh: str = "config", update: str = "config"):
   """(mesh, jitted step, initial state, trained parameter count, batch) of xlt's `job`
   ("small/full") on the checkpoint under `workdir` (benchmarks/profile_step.py traces it)."""
   import ml_collections
@@ -169,7 +181,7 @@ def xlt_setup(workdir: str, job: str, xlt_mesh: str = "config", update: str = "m
   return (mesh, *_xlt_state(cfg, tx, mesh, params, mode, update), batch)
 
 
-def xlt_child(workdir: str, timing: dict, job: str, xlt_mesh: str = "config", update: str = "map") -> dict:
+def xlt_child(workdir: str, timing: dict, job: str, xlt_mesh: str = "config", update: str = "config") -> dict:
   import jax
 
   from xlt import allocator
@@ -326,7 +338,7 @@ def main(a) -> None:
     write_checkpoint(os.path.join(a.workdir, shape), SHAPES[shape]["config"], SEED)
   jobs = [f"{shape}/{mode}" for shape in shapes for mode in modes]
   report = {"jobs": jobs, "timing": timing, "shapes": {k: SHAPES[k] for k in shapes}, "lora": LORA,
-            "targets": TARGETS, "opt": OPT, "update": a.update, "rounds": []}
+            "targets": TARGETS, "opt": OPT, "update": update_of(a.update), "rounds": []}
   with tempfile.TemporaryDirectory() as tmp:
     for r in range(1 if a.quick else a.rounds):
       report["rounds"].append({})
@@ -346,7 +358,7 @@ def main(a) -> None:
         title="Loaded Llama training step: xlt against PyTorch eager + transformers (+ peft), tokens/s",
         columns=COLUMNS, rows=rows, wall_s=time.perf_counter() - t_start,
         versions={p: version(p) for p in ("jax", "torch", "transformers", "peft")},
-        notes=(f"{len(report['rounds'])} rounds; xlt on {device}, mesh {a.xlt_mesh}; optimizer update {a.update}; float32; full fine-tuning, LoRA rank 8 "
+        notes=(f"{len(report['rounds'])} rounds; xlt on {device}, mesh {a.xlt_mesh}; optimizer update {update_of(a.update)}; float32; full fine-tuning, LoRA rank 8 "
                "(rsLoRA, alpha 16) on q, k, v, o, gate, up, down, and static: the MLPs trained, the rest frozen. "
                + a.notes).strip(), details=report)
 
@@ -360,9 +372,10 @@ if __name__ == "__main__":
   p.add_argument("--xlt_mesh", choices=XLT_MESHES, default="config",
                  help="xlt's devices: config (configs/finetune.py's mesh), data (every device, the batch split), "
                       "fsdp (parameters sharded), one (one CPU device in the process)")
-  p.add_argument("--update", choices=("auto", "map", "vmap"), default="map",
-                 help="where xlt's optimizer update runs (xlt.train.ensemble_step): map (the default, in the map with "
-                      "the gradients), vmap (vmapped over the stacked state) or auto (vmap, except a gated optimizer's)")
+  p.add_argument("--update", choices=UPDATES, default="config",
+                 help="where xlt's optimizer update runs (xlt.train.ensemble_step): config (configs/finetune.py's "
+                      "train.update), map (in the map with the gradients), vmap (vmapped over the stacked state) or "
+                      "auto (vmap, except a gated optimizer's)")
   p.add_argument("--notes", default="", help="appended to the file's notes (e.g. 'taken on a busy machine')")
   p.add_argument("--rounds", type=int, default=3, help="fresh subprocesses per tool")
   p.add_argument("--warmup", type=int, default=1, help="untimed steps after the first")

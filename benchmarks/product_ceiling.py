@@ -170,7 +170,7 @@ def run_rounds(jobs: list[tuple[str, str]], rounds: int, min_seconds: float, wor
   """Each round: every product in a fresh process per tool; with `workdir`, then each job's
   step as finetune_step.py times it (its children, its default timing) under "steps"."""
   keys = sorted({(k, d) for s, mode in jobs for k, d in products(s, mode)} | {REFERENCE})
-  step_args = argparse.Namespace(workdir=workdir, xlt_mesh="config", update="map")
+  step_args = argparse.Namespace(workdir=workdir, xlt_mesh="config", update="config")
   timing = dict(warmup=1, steps=3, min_seconds=2.0)
   out = []
   with tempfile.TemporaryDirectory() as tmp:
@@ -233,8 +233,8 @@ def main(a) -> None:
     print("| " + " | ".join(str(x) for x in row) + " |")
   if a.out:
     steps = (" The steps: benchmarks/finetune_step.py's children on the checkpoints under --workdir (its default "
-             "timing, xlt's mesh from configs/finetune.py), in the same rounds, alternating which tool goes first; "
-             "ratios are medians of the rounds' paired ratios." if a.workdir else "")
+             "timing, xlt's mesh and optimizer update from configs/finetune.py), in the same rounds, alternating "
+             "which tool goes first; ratios are medians of the rounds' paired ratios." if a.workdir else "")
     results_file.write(
         a.out, benchmark=os.path.splitext(os.path.basename(a.out))[0],
         title="The loaded-model step's products alone: XLA:CPU against PyTorch, ms per step",

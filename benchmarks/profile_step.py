@@ -234,8 +234,8 @@ if __name__ == "__main__":
                  "addition_ref, text_proxy), or finetune:<shape>/<mode> (benchmarks/finetune_step.py's xlt step)")
   p.add_argument("--workdir", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs",
                                                    "finetune"), help="finetune jobs: the checkpoints' directory")
-  p.add_argument("--update", choices=("auto", "map", "vmap"), default="map",
-                 help="finetune jobs: where the optimizer's update runs (xlt.train.ensemble_step)")
+  p.add_argument("--update", choices=("config", "auto", "map", "vmap"), default="config",
+                 help="finetune jobs: where the optimizer's update runs (finetune_step.py's --update)")
   p.add_argument("--steps", type=int, default=5, help="steps traced")
   p.add_argument("--top", type=int, default=30, help="ops listed")
   p.add_argument("--trace_dir", default=os.path.join(tempfile.gettempdir(), "xlt_profile_step"),
