@@ -122,7 +122,7 @@ def update_of(update: str) -> str:
     return update
   from configs import finetune
 
-  return finetune.get_config().train.update
+  return finetune.get_config().train["update"]  # not .update: ConfigDict.update is a method
 
 
 def _xlt_state(cfg, tx, mesh, params, mode: str, update: str = "config"):

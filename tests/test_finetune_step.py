@@ -87,3 +87,13 @@ def test_product_ceiling_steps_beside_the_products():
   assert rows[0][-4:] == [200.0, 200.0, 1.5, round(0.2 / (n * 2e-3), 3)]
   assert rows[1][-4:] == ["-"] * 4
   assert len(pc.table_rows(jobs, [{k: v for k, v in r.items() if k != "steps"} for r in rounds])[0]) == len(pc.COLUMNS)
+
+
+def test_update_default_is_the_fine_tuning_kinds():
+  """--update=config times the step as configs/finetune.py trains (a value ensemble_step takes:
+  a ConfigDict's `.update` would be its method); any other value is itself."""
+  from configs import finetune
+
+  assert ft.update_of("config") == finetune.get_config().train["update"]
+  assert ft.update_of("config") in ("auto", "map", "vmap")
+  assert ft.update_of("map") == "map"
