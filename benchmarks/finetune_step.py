@@ -358,8 +358,9 @@ def main(a) -> None:
         title="Loaded Llama training step: xlt against PyTorch eager + transformers (+ peft), tokens/s",
         columns=COLUMNS, rows=rows, wall_s=time.perf_counter() - t_start,
         versions={p: version(p) for p in ("jax", "torch", "transformers", "peft")},
-        notes=(f"{len(report['rounds'])} rounds; xlt on {device}, mesh {a.xlt_mesh}; optimizer update {update_of(a.update)}; float32; full fine-tuning, LoRA rank 8 "
-               "(rsLoRA, alpha 16) on q, k, v, o, gate, up, down, and static: the MLPs trained, the rest frozen. "
+        notes=(f"{len(report['rounds'])} rounds; xlt on {device}, mesh {a.xlt_mesh}; optimizer update "
+               f"{update_of(a.update)}; float32; full fine-tuning, LoRA rank 8 (rsLoRA, alpha 16) on q, k, v, o, "
+               "gate, up, down, and static: the MLPs trained, the rest frozen. "
                + a.notes).strip(), details=report)
 
 
