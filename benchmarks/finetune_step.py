@@ -113,6 +113,7 @@ def trained_in_static(path: str) -> bool:
 
 
 UPDATES = ("config", "auto", "map", "vmap")
+TIMING = dict(warmup=1, steps=3, min_seconds=2.0)  # the defaults of --warmup, --steps, --min_seconds
 
 
 def update_of(update: str) -> str:
@@ -379,9 +380,10 @@ if __name__ == "__main__":
                       "auto (vmap, except a gated optimizer's)")
   p.add_argument("--notes", default="", help="appended to the file's notes (e.g. 'taken on a busy machine')")
   p.add_argument("--rounds", type=int, default=3, help="fresh subprocesses per tool")
-  p.add_argument("--warmup", type=int, default=1, help="untimed steps after the first")
-  p.add_argument("--steps", type=int, default=3, help="timed steps per job and round (at least)")
-  p.add_argument("--min_seconds", type=float, default=2.0, help="more steps (up to 50) until this much is timed")
+  p.add_argument("--warmup", type=int, default=TIMING["warmup"], help="untimed steps after the first")
+  p.add_argument("--steps", type=int, default=TIMING["steps"], help="timed steps per job and round (at least)")
+  p.add_argument("--min_seconds", type=float, default=TIMING["min_seconds"],
+                 help="more steps (up to 50) until this much is timed")
   p.add_argument("--quick", action="store_true", help="1 round, 1 warm-up, 2 timed steps: a smoke test")
   p.add_argument("--child", choices=TOOLS, help=argparse.SUPPRESS)
   p.add_argument("--job", help=argparse.SUPPRESS)

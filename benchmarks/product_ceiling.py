@@ -171,7 +171,6 @@ def run_rounds(jobs: list[tuple[str, str]], rounds: int, min_seconds: float, wor
   step as finetune_step.py times it (its children, its default timing) under "steps"."""
   keys = sorted({(k, d) for s, mode in jobs for k, d in products(s, mode)} | {REFERENCE})
   step_args = argparse.Namespace(workdir=workdir, xlt_mesh="config", update="config")
-  timing = dict(warmup=1, steps=3, min_seconds=2.0)
   out = []
   with tempfile.TemporaryDirectory() as tmp:
     for r in range(rounds):
@@ -180,9 +179,8 @@ def run_rounds(jobs: list[tuple[str, str]], rounds: int, min_seconds: float, wor
       if workdir:
         got["steps"] = {}
         for i, (shape, mode) in enumerate(jobs):
-          order = TOOLS if (r + i) % 2 == 0 else TOOLS[::-1]
-          got["steps"][f"{shape}/{mode}"] = {t: finetune_step.run_child(t, f"{shape}/{mode}", step_args, timing, tmp)
-                                             for t in order}
+          job, order = f"{shape}/{mode}", TOOLS if (r + i) % 2 == 0 else TOOLS[::-1]
+          got["steps"][job] = {t: finetune_step.run_child(t, job, step_args, finetune_step.TIMING, tmp) for t in order}
       out.append(got)
   return out
 
@@ -196,7 +194,7 @@ def _step_cells(job: str, rounds: list[dict], products_s: list[float]) -> list:
   """The steps' medians over rounds, the median of the rounds' paired step ratios, and that of
   PyTorch's step over xlt's products in the same round."""
   steps = [r["steps"][job] for r in rounds]
-  med = lambda xs: statistics.median(xs)  # noqa: E731
+  med = statistics.median
   return [round(med([s["xlt"]["step_s"] for s in steps]) * 1e3, 1),
           round(med([s["torch"]["step_s"] for s in steps]) * 1e3, 1),
           round(med([s["torch"]["step_s"] / s["xlt"]["step_s"] for s in steps]), 3),
