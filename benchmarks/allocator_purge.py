@@ -16,7 +16,8 @@ the share of steps slower than 1.5x the job's median over both settings, system 
 page faults per step (getrusage), and the process's peak RSS.
 
 Jobs: compare.py's training jobs by name (graph_29, text_proxy, ...) and finetune:<shape>/<mode>
-(benchmarks/finetune_step.py's xlt step on the checkpoints it wrote under --workdir; with
+(benchmarks/finetune_step.py's xlt step with the optimizer update in the map, as it was measured
+here, not the fine-tuning kind's "auto", on the checkpoints it wrote under --workdir; with
 transformers installed, `benchmarks/finetune_step.py --quick --shapes=tiny,small,medium
 --workdir=DIR` writes them). Training values do not depend on the allocator
 (tests/test_allocator.py).
