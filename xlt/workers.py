@@ -82,15 +82,17 @@ def run_pinned(jobs: Sequence[tuple[str, list[str]]], log_dir: str, workers: int
   slots = worker_cores(workers, cpu_devices.available_cores(), what)
   todo = list(jobs)
   os.makedirs(log_dir, exist_ok=True)
-  running, failed = {}, []
+  running, failed, stopped = {}, [], []
 
   def stop(signum, frame):
-    raise SystemExit(128 + signum)  # runs the `finally` below
+    # noted, and acted on between polls: an exception raised here could land inside a Popen
+    # call holding its lock, which the `finally` below would then wait on forever
+    stopped.append(signum)
 
   on_term = signal.signal(signal.SIGTERM, stop)
   try:
-    while todo or running:
-      while todo and slots and not failed:
+    while (todo or running) and not stopped:
+      while todo and slots and not failed and not stopped:
         (name, argv), cores = todo.pop(0), slots.pop(0)
         log_path = os.path.join(log_dir, name.replace(os.sep, "_") + ".log")
         log = open(log_path, "ab")
@@ -118,6 +120,8 @@ def run_pinned(jobs: Sequence[tuple[str, list[str]]], log_dir: str, workers: int
       proc.terminate()
     for proc in running:
       proc.wait()
+  if stopped:
+    raise SystemExit(128 + stopped[0])
   if failed:
     raise WorkerFailed(f"{what}: {'; '.join(failed)} failed; what finished keeps its results, and the "
                        "same command resumes the rest")
