@@ -76,11 +76,13 @@ JOBS = {
     "xlt decode": ("llama-1b", "decode", "auto", "bfloat16", "none", (8, 64), 128),  # batches, prompt = new
     "xlt 8b full": ("llama-8b", "full", "auto", "bfloat16", "block", 2, 2048),  # float32 moments
     "xlt full cudnn weight": FULL_1B,  # CONFIG's weight layout
-    "xlt full cudnn cublas b16": FULL_1B_B16,  # under TUNED_FLAGS (ENV)
-}
-# a job's model.Config fields beside its tuple's: as a loaded Hugging Face Llama holds its dense
-# layers, torch's [out, in] weights
-CONFIG = {"xlt full cudnn weight": dict(dense_layout="weight")}
+    "xlt full cudnn cublas b16": FULL_1B_B16,  # under TUNED_FLAGS (ENV), as the next two
+    "xlt full cudnn cublas fused": FULL_1B, "xlt full cudnn cublas fused b16": FULL_1B_B16}
+# a job's model.Config fields beside its tuple's: torch's [out, in] weights (as a loaded Hugging
+# Face Llama holds them); q, k, v and gate, up each computed as one product (fused_projections)
+CONFIG = {"xlt full cudnn weight": dict(dense_layout="weight"),
+          **dict.fromkeys(["xlt full cudnn cublas fused", "xlt full cudnn cublas fused b16"],
+                          dict(fused_projections=True))}
 # XLA's GPU flags that MaxText's GPU recipes set: cuBLAS rather than Triton's generated matrix
 # products; the latency-hiding scheduler
 TUNED_FLAGS = "--xla_gpu_enable_triton_gemm=false --xla_gpu_enable_latency_hiding_scheduler=true"
@@ -93,7 +95,8 @@ JOBS.update(dict.fromkeys(FLAG_JOBS, FULL_1B))
 # a job's environment beside the parent's: its flags, and the 8B jobs' share of the device's
 # memory (jax's default 75% leaves the 8B step short)
 ENV = {**{job: {"XLA_FLAGS": flags} for job, (_, flags) in FLAG_JOBS.items()},
-       "xlt full cudnn cublas b16": {"XLA_FLAGS": TUNED_FLAGS},
+       **dict.fromkeys(["xlt full cudnn cublas b16", "xlt full cudnn cublas fused", "xlt full cudnn cublas fused b16"],
+                       {"XLA_FLAGS": TUNED_FLAGS}),
        "xlt 8b lora": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"},
        "xlt 8b full": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"}}
 # by priority: jobs run while --budget_s lasts, so the issue's figures come first
@@ -270,7 +273,8 @@ def xlt_job(job: tuple, quick: bool, steps: int, config: dict | None = None) -> 
   if mode == "lora":  # the frozen base has no weight gradients: 4 N, the adapters 6 N
     through = (4 * through + 6 * trained) / 6
   return {"device": dev.device_kind, "jax": jax.__version__, "attention": est["setting"]["attention"],
-          "dense_layout": cfg.dense_layout, "ce_residual": cross_entropy.residual_dtype(cfg),
+          "dense_layout": cfg.dense_layout, "fused_projections": cfg.fused_projections,
+          "ce_residual": cross_entropy.residual_dtype(cfg),
           "state_dtype": state_dtype or param_dtype, "batch": batch, "seq": seq,
           "params": int(sum(x.size for x in jax.tree.leaves(base))), "trained": int(trained),
           "init_s": init_s, "params_s": params_s, "first_step_s": first, "step_s": step_s, "synced_step_s": synced_s,
@@ -388,6 +392,10 @@ COLUMNS = ["job", "xlt step s", "xlt tok/s", "xlt MFU %", "xlt step s, each wait
 ROWS = {"1B full, cuDNN attention": ("xlt full cudnn", "torch full"),
         **{f"1B full, cuDNN attention, {label}": (job, "torch full") for job, (label, _) in FLAG_JOBS.items()},
         "1B full, batch 16, cuDNN attention, cuBLAS + LHS flags": ("xlt full cudnn cublas b16", None),
+        "1B full, cuDNN attention, cuBLAS + LHS flags, fused projections": (
+            "xlt full cudnn cublas fused", "torch full"),
+        "1B full, batch 16, cuDNN attention, cuBLAS + LHS flags, fused projections": (
+            "xlt full cudnn cublas fused b16", None),
         "1B full, cuDNN attention, [out, in] weights (a loaded model's layout)": ("xlt full cudnn weight", "torch full"),
         "1B full, batch 4, cuDNN attention": ("xlt full cudnn b4", None),
         "1B full, batch 16, cuDNN attention": ("xlt full cudnn b16", None),

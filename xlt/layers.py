@@ -275,6 +275,48 @@ class Linear(nn.Module):
     return y if bias is None else y + bias
 
 
+class DenseParams(nn.Module):
+  """A dense layer's parameters as `dense` declares them (the same names, shapes, initialisers
+  and logical axes) without its product: `fused_dense` computes several such layers at once.
+  Called with the input width; returns (weight as stored, bias or None)."""
+
+  cfg: object
+  features: tuple
+  axes: tuple  # inputs first, as `dense` takes them
+  use_bias: bool | None = None
+
+  @nn.compact
+  def __call__(self, d_in: int):
+    c = self.cfg
+    pdt = jnp.dtype(c.param_dtype)
+    if c.dense_layout == "weight":
+      w = self.param("weight", init(self.axes[1:] + self.axes[:1]), self.features + (d_in,), pdt)
+    else:
+      w = self.param("kernel", init(self.axes), (d_in,) + self.features, pdt)
+    use_bias = c.bias if self.use_bias is None else self.use_bias
+    return w, self.param("bias", zeros(self.axes[1:]), self.features, pdt) if use_bias else None
+
+
+def fused_dense(cfg, x, specs):
+  """Dense layers that read the same input x [..., D] computed as one product, each layer's
+  parameters its own (`DenseParams`, concatenated where used): specs ((name, features, axes,
+  use_bias), ...) as `dense` takes them; returns each layer's output. One wide product in
+  place of several narrow ones, and its input gradient one product where the separate layers'
+  were one each and their sum (GQA's narrow key and value products ran the GPU's matrix units
+  below the rest). The separate layers' values to float rounding."""
+  dt, d = jnp.dtype(cfg.dtype), x.shape[-1]
+  params = [DenseParams(cfg, tuple(f), axes, bias, name=name)(d) for name, f, axes, bias in specs]
+  widths = [math.prod(f) for _, f, _, _ in specs]
+  x = x.astype(dt)
+  if cfg.dense_layout == "weight":
+    y = matmul.dense_t(x, jnp.concatenate([w.reshape(n, d).astype(dt) for (w, _), n in zip(params, widths)]), 1)
+  else:
+    y = matmul.product(x, jnp.concatenate([w.reshape(d, n).astype(dt) for (w, _), n in zip(params, widths)], 1))
+  outs = jnp.split(y, np.cumsum(widths)[:-1], axis=-1)
+  return [o.reshape(x.shape[:-1] + tuple(f)) + (0 if b is None else b.astype(dt))
+          for o, (_, b), (_, f, _, _) in zip(outs, params, specs)]
+
+
 class Mlp(nn.Module):
   """GPT-2's fc -> GELU -> proj, or a gated MLP proj(act(gate(x)) * up(x)) with act SiLU
   (swiglu: Llama, Mistral, Qwen) or tanh-GELU (geglu: Gemma)."""
@@ -291,6 +333,10 @@ class Mlp(nn.Module):
       x_BxTxF = gelu(dense(c, f, "fc", ("embed", "mlp"))(x_BxTxD))
     else:
       act = silu if c.mlp == "swiglu" else gelu
-      x_BxTxF = act(dense(c, f, "gate", ("embed", "mlp"))(x_BxTxD)) * dense(c, f, "up", ("embed", "mlp"))(x_BxTxD)
+      if c.fused_projections:
+        gate_BxTxF, up_BxTxF = fused_dense(c, x_BxTxD, [(n, (f,), ("embed", "mlp"), None) for n in ("gate", "up")])
+      else:
+        gate_BxTxF, up_BxTxF = (dense(c, f, n, ("embed", "mlp"))(x_BxTxD) for n in ("gate", "up"))
+      x_BxTxF = act(gate_BxTxF) * up_BxTxF
     x_BxTxD = dense(c, c.d_model, "proj", ("mlp", "embed"), std=out_std)(x_BxTxF)
     return module_dropout(self, c, x_BxTxD)

@@ -172,7 +172,8 @@ def apply(cfg: model_lib.Config, composite, tokens_BxT, cache=None, pos=0, dropo
 
   used: set = set()
   with nn.intercept_methods(low_rank):
-    out = model_lib.apply(cfg, base, tokens_BxT, cache, pos, dropout_rng)
+    # the adapters attach to each projection's own call
+    out = model_lib.apply(model_lib.separate_projections(cfg), base, tokens_BxT, cache, pos, dropout_rng)
   if unused := set(ab) - used:  # an adapter the model never reached would be silently lost
     raise ValueError(f"LoRA adapters for no projection of the model: {sorted(path_str(p) for p in unused)[:4]}")
   return out

@@ -67,7 +67,7 @@ def _batch_grams(cfg, params, targets: tuple, tokens_BxT, mask_BxT):
     return next_fun(*args, **kwargs)
 
   with nn.intercept_methods(capture):
-    model_lib.apply(cfg, params, tokens_BxT)
+    model_lib.apply(model_lib.separate_projections(cfg), params, tokens_BxT)  # each kernel's own input
   return found
 
 

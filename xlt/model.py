@@ -110,6 +110,11 @@ class Config:
   attention: str = "auto"
   remat: str = "none"
   remat_policy: str = "nothing"
+  # The dense layers that read one input (q, k, v; gate, up) computed as one product of their
+  # weights concatenated where used (xlt.layers.fused_dense): the same parameters, the same
+  # values to float rounding. For one device or data / fsdp meshes: a tensor axis splits each
+  # weight by its own heads, which the concatenation would gather.
+  fused_projections: bool = False
 
   def __post_init__(self):
     if isinstance(self.rope_scaling, dict) or (self.rope_scaling and isinstance(self.rope_scaling, list)):
@@ -185,8 +190,9 @@ _dropout = layers.module_dropout
 
 def _qkv(c: Config, x_BxTxD):
   """Queries [B, T, H, K], keys and values [B, T, G, K]: one fused kernel [D, 3, H, K] (GPT-2's
-  c_attn) when every query head has its own key/value head, else separate q, k, v. Weights
-  (`dense_layout="weight"`) are never fused: each is then its checkpoint's tensor as stored."""
+  c_attn) when every query head has its own key/value head, else separate q, k, v (computed as
+  one product under `fused_projections`). Weights (`dense_layout="weight"`) are never fused
+  into one leaf: each is then its checkpoint's tensor as stored."""
   h, g, k = c.num_heads, c.kv_heads, c.head_width
   bias = c.bias if c.qkv_bias is None else c.qkv_bias
   if g == h and c.dense_layout == "kernel":
@@ -195,9 +201,11 @@ def _qkv(c: Config, x_BxTxD):
     # became three zero-padded copies of the [B, T, 3, H, K] tensor added up (XLA:CPU: ~10%
     # of the addition step)
     return tuple(x[:, :, 0] for x in jnp.split(qkv_BxTx3xHxK, 3, axis=2))
-  return (layers.dense(c, (h, k), "q", ("embed", "heads", "kv"), use_bias=bias)(x_BxTxD),
-          layers.dense(c, (g, k), "k", ("embed", "kv_heads", "kv"), use_bias=bias)(x_BxTxD),
-          layers.dense(c, (g, k), "v", ("embed", "kv_heads", "kv"), use_bias=bias)(x_BxTxD))
+  specs = [("q", (h, k), ("embed", "heads", "kv"), bias), ("k", (g, k), ("embed", "kv_heads", "kv"), bias),
+           ("v", (g, k), ("embed", "kv_heads", "kv"), bias)]
+  if c.fused_projections:
+    return tuple(layers.fused_dense(c, x_BxTxD, specs))
+  return tuple(layers.dense(c, f, name, axes, use_bias=b)(x_BxTxD) for name, f, axes, b in specs)
 
 
 class Padding(NamedTuple):
@@ -413,6 +421,12 @@ def apply(cfg: Config, params, tokens_BxT, cache=None, pos=0, dropout_rng=None, 
   mask for the decoding steps after (they need no `valid_BxT`). None: no padding."""
   rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
   return GPT(cfg).apply({"params": params}, tokens_BxT, cache, pos, valid_BxT, rngs=rngs)
+
+
+def separate_projections(cfg: Config) -> Config:
+  """`cfg` computing each dense layer by its own call (not `fused_projections`): for code that
+  intercepts the dense layers' calls (LoRA's adapters, RegMean's inputs)."""
+  return dataclasses.replace(cfg, fused_projections=False) if cfg.fused_projections else cfg
 
 
 def count_params(params, stacked: bool = False) -> int:
