@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import compiled
-from xlt import generate, lora, merge_statistics, model
+from xlt import decode, generate, lora, merge_statistics, model
 
 # GQA (2 key/value heads for 4 query heads): q, k and v are separate layers, as in Llama
 LLAMA = model.Config(vocab_size=32, block_size=16, num_layers=2, num_heads=4, num_kv_heads=2, d_model=16,
@@ -90,3 +90,15 @@ def test_lora_and_regmean_see_each_projection():
   assert set(got) == set(want) and "block_0/attn/k/kernel" in got
   for k in want:
     np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_sharded_equals_one_device():
+  """data=2, fsdp=2, tensor=2 (the 8 CPU devices of tests/conftest.py): each weight split by
+  its own heads, the concatenation of differently split weights the same values."""
+  params = random_params(LLAMA)
+  mesh = decode.make_mesh("data=2,fsdp=2,tensor=2")
+  placed = decode.place(fused(LLAMA), params, mesh)
+  assert not placed["block_0"]["attn"]["k"]["kernel"].sharding.is_fully_replicated
+  tokens, valid = decode.left_pad([[1, 2, 3, 4], [5, 6], [7, 8, 9], [10]], multiple=decode.rows_multiple(mesh))
+  np.testing.assert_allclose(decode.logits(fused(LLAMA), placed, tokens, valid, mesh=mesh),
+                             decode.logits(LLAMA, params, tokens, valid), rtol=1e-5, atol=1e-5)

@@ -112,8 +112,7 @@ class Config:
   remat_policy: str = "nothing"
   # The dense layers that read one input (q, k, v; gate, up) computed as one product of their
   # weights concatenated where used (xlt.layers.fused_dense): the same parameters, the same
-  # values to float rounding. For one device or data / fsdp meshes: a tensor axis splits each
-  # weight by its own heads, which the concatenation would gather.
+  # values to float rounding, on any mesh. Timed on one GPU only (docs/speed.md).
   fused_projections: bool = False
 
   def __post_init__(self):
