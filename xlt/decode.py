@@ -355,10 +355,10 @@ def _pick(logits_BxV, key, temperature, top_k, greedy: bool):
 def _sample(cfg, params, prompt_BxP, rng, temperature, top_k, *, max_new, greedy):
   b, p = prompt_BxP.shape
   cache = model_lib.init_cache(cfg, b, p + max_new)
-  logits_BxPxV, cache = model_lib.apply(cfg, params, prompt_BxP, cache, 0)
+  logits_Bx1xV, cache = model_lib.apply(cfg, params, prompt_BxP, cache, 0, last_only=True)
   keys = jax.random.split(rng, max_new)
   pick = lambda logits_BxV, key: _pick(logits_BxV, key, temperature, top_k, greedy)
-  first_B = pick(logits_BxPxV[:, -1], keys[0])
+  first_B = pick(logits_Bx1xV[:, -1], keys[0])
 
   def body(carry, xs):
     cache, tok_B = carry

@@ -336,18 +336,19 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-  """`__call__(tokens_BxT, cache=None, pos=0, valid_BxT=None) -> (logits_BxTxV, cache)`.
+  """`__call__(tokens_BxT, cache=None, pos=0, valid_BxT=None, last_only=False) -> (logits_BxTxV, cache)`.
 
   With a cache (from `init_cache`), the tokens are written at positions
   `pos .. pos+T-1` and attend to every earlier position: prefill and one-token
   decoding steps are the same call. `valid_BxT` (left padding: False/0 for padding) and a
   `PaddedCache` give each row its own positions and mask its padding (`Padding`).
+  `last_only`: the last position's logits alone, [B, 1, V] (a prefill that samples the next token).
   """
 
   cfg: Config
 
   @nn.compact
-  def __call__(self, tokens_BxT, cache=None, pos=0, valid_BxT=None):
+  def __call__(self, tokens_BxT, cache=None, pos=0, valid_BxT=None, last_only=False):
     c, dt, pdt = self.cfg, jnp.dtype(self.cfg.dtype), jnp.dtype(self.cfg.param_dtype)
     pad, cache_valid_BxS = _padding(tokens_BxT, cache, pos, valid_BxT)
     wte = nn.Embed(c.vocab_size + c.vocab_padding, c.d_model, name="wte", embedding_init=_init(("vocab", "embed")), param_dtype=pdt)
@@ -370,6 +371,8 @@ class GPT(nn.Module):
       x_BxTxD, layer_cache = block(c, c.window(i), name=f"block_{i}")(
           x_BxTxD, None if cache is None else layer_caches[i], pos, pad)
       new_cache.append(layer_cache)
+    if last_only:  # the final norm and the head act on each position alone: [B, T, V] is never made
+      x_BxTxD = x_BxTxD[:, -1:]
     x_BxTxD = layers.norm(c, "ln_f")(x_BxTxD)
     if c.tie_embeddings:
       # wte.attend, as a dense layer over wte^T (its weight gradient the fast way round), in the
@@ -411,15 +414,20 @@ def logical_axes(cfg: Config):
   return nn.get_partition_spec(boxed)["params"]
 
 
-def apply(cfg: Config, params, tokens_BxT, cache=None, pos=0, dropout_rng=None, *, valid_BxT=None):
+def apply(cfg: Config, params, tokens_BxT, cache=None, pos=0, dropout_rng=None, *, valid_BxT=None,
+          last_only=False):
   """The forward pass; with `dropout_rng` (training) and `cfg.dropout` > 0, with dropout.
 
   `valid_BxT` (1 for real tokens, 0 for left padding) gives each row positions counting its
   real tokens and masks the padding from every query, so a left-padded row's logits are
   those of the row alone; with a cache, use `init_cache(..., padded=True)`, which keeps the
-  mask for the decoding steps after (they need no `valid_BxT`). None: no padding."""
+  mask for the decoding steps after (they need no `valid_BxT`). None: no padding.
+  `last_only`: the logits of the last position alone, [B, 1, V]: for a long prompt and a large
+  vocabulary, [B, T, V] float32 logits are a prefill's largest array. The values match the full
+  logits' last position to float rounding, not bit for bit (XLA:CPU fuses and tiles the head
+  differently for one position)."""
   rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
-  return GPT(cfg).apply({"params": params}, tokens_BxT, cache, pos, valid_BxT, rngs=rngs)
+  return GPT(cfg).apply({"params": params}, tokens_BxT, cache, pos, valid_BxT, last_only, rngs=rngs)
 
 
 def separate_projections(cfg: Config) -> Config:
