@@ -66,7 +66,8 @@ def test_the_command_runs_in_a_worktree_of_the_commit_and_here(capsys):
   code = ("import jax, jax.numpy as jnp, xlt, os; from xlt import model as m; "
           "assert os.path.realpath(xlt.__file__).startswith(os.path.realpath(os.getcwd())); "
           "c = m.Config(vocab_size=11, block_size=8, num_layers=1, num_heads=2, d_model=8); "
-          "jax.jit(lambda p, t: m.apply(c, p, t)[0])(m.init_params(c, jax.random.key(0)), jnp.zeros((1, 4), jnp.int32))")
+          "params = m.init_params(c, jax.random.key(0)); "
+          "jax.jit(lambda p, t: m.apply(c, p, t)[0])(params, jnp.zeros((1, 4), jnp.int32))")
   changed = subprocess.run(["git", "-C", same_programs.ROOT, "diff", "--quiet", "HEAD", "--", "xlt"]).returncode
   assert same_programs.main(["--base=HEAD", "--module_re=.*lambda.*", "--", sys.executable, "-c", code]) in (
       (0, 1) if changed else (0,))
