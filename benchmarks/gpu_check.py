@@ -80,9 +80,9 @@ JOBS = {
     "xlt full cudnn cublas fused": FULL_1B, "xlt full cudnn cublas fused b16": FULL_1B_B16}
 # a job's model.Config fields beside its tuple's: torch's [out, in] weights (as a loaded Hugging
 # Face Llama holds them); q, k, v and gate, up each computed as one product (fused_projections)
+FUSED_JOBS = ("xlt full cudnn cublas fused", "xlt full cudnn cublas fused b16")
 CONFIG = {"xlt full cudnn weight": dict(dense_layout="weight"),
-          **dict.fromkeys(["xlt full cudnn cublas fused", "xlt full cudnn cublas fused b16"],
-                          dict(fused_projections=True))}
+          **dict.fromkeys(FUSED_JOBS, dict(fused_projections=True))}
 # XLA's GPU flags that MaxText's GPU recipes set: cuBLAS rather than Triton's generated matrix
 # products; the latency-hiding scheduler
 TUNED_FLAGS = "--xla_gpu_enable_triton_gemm=false --xla_gpu_enable_latency_hiding_scheduler=true"
@@ -95,8 +95,7 @@ JOBS.update(dict.fromkeys(FLAG_JOBS, FULL_1B))
 # a job's environment beside the parent's: its flags, and the 8B jobs' share of the device's
 # memory (jax's default 75% leaves the 8B step short)
 ENV = {**{job: {"XLA_FLAGS": flags} for job, (_, flags) in FLAG_JOBS.items()},
-       **dict.fromkeys(["xlt full cudnn cublas b16", "xlt full cudnn cublas fused", "xlt full cudnn cublas fused b16"],
-                       {"XLA_FLAGS": TUNED_FLAGS}),
+       **dict.fromkeys(("xlt full cudnn cublas b16", *FUSED_JOBS), {"XLA_FLAGS": TUNED_FLAGS}),
        "xlt 8b lora": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"},
        "xlt 8b full": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"}}
 # by priority: jobs run while --budget_s lasts, so the issue's figures come first
