@@ -121,11 +121,11 @@ def _subset(es, k: int):
 
 
 def swap_curve(cfg, task, sets: dict[str, list[str]], seeds_models: list[tuple], problems: int,
-               batch: int) -> dict:
-  """{role: [[score per block] per seed]} for the roles goal, task and language: per seed
-  (task expert, language expert), every single-block swap scored on each role's sets (their
+               batch: int, roles=("goal", "task", "language")) -> dict:
+  """{role: [[score per block] per seed]} for `roles`: per seed (model, donor), the model with
+  each single block taken from the donor (the task expert and the language expert: the swap
+  curve; the task expert and the base: the revert curve), scored on each role's sets (their
   first `problems` problems each; a role with several sets averages them)."""
-  roles = ("goal", "task", "language")
   names = [n for r in roles for n in sets[r]]
   eval_sets = {n: _subset(task.test[n], problems) for n in names}
   out = {r: [] for r in roles}
@@ -210,8 +210,10 @@ def paired_prompts(task, sets: dict[str, list[str]], source: str, target: str) -
     twin = name.rsplit("/", 1)[0] + "/" + source
     if twin not in task.test or not name.endswith("/" + target):
       continue
+    # an operation's test set asks the same problems in every language (arithmetic.held_out);
+    # the languages may write them with other tokens, in another order
     a, b = task.test[twin].prompts, task.test[name].prompts
-    if len(a) != len(b) or any(x[1:] != y[1:] for x, y in zip(a, b)):
+    if len(a) != len(b) or any(len(x) != len(y) for x, y in zip(a, b)):
       raise ValueError(f"{twin} and {name} do not hold the same problems: no paired probe")
     pairs.append((np.asarray([task.tokenizer.encode(p) for p in a]),
                   np.asarray([task.tokenizer.encode(p) for p in b])))
@@ -277,6 +279,21 @@ def load_run(workdir: str, stage: str):
   return c, prep, list(zip(bases, tasks, langs))
 
 
+def model_scores(cfg, task, sets: dict[str, list[str]], models: list[tuple], problems: int, batch: int) -> dict:
+  """{model: {role: [score per seed]}}: the base and both experts on every role's sets (their
+  first `problems` problems each), the denominators of the revert curve's retention."""
+  names = [n for r in sets for n in sets[r]]
+  eval_sets = {n: _subset(task.test[n], problems) for n in names}
+  flat = [m for seed in models for m in seed]
+  stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *flat)
+  scored = ensemble_decode.score_members(cfg, stacked, task, eval_sets, [names] * len(flat), batch)
+  out = {}
+  for k, name in enumerate(("base", "task expert", "language expert")):
+    out[name] = {r: [float(np.mean([scored[i * 3 + k][n]["exact_match"] for n in sets[r]])) for i in range(len(models))]
+                 for r in sets}
+  return out
+
+
 def _mean(per_seed) -> list:
   return np.mean(np.asarray(per_seed, float), axis=0).tolist()
 
@@ -299,6 +316,10 @@ def measure(workdir: str, stage: str, problems: int = 200, seeds: int = 0) -> di
     out["edge_ratio"][name] = {"mean": float(np.mean(ratios)), "values": ratios}
   swap = swap_curve(cfg, prep.task, prep.sets, [(m[1], m[2]) for m in models], problems, c.eval.batch_size)
   out["swap"] = {r: {"mean": _mean(v), "values": v} for r, v in swap.items()}
+  revert = swap_curve(cfg, prep.task, prep.sets, [(m[1], m[0]) for m in models], problems, c.eval.batch_size,
+                      roles=("task", "language"))
+  out["revert"] = {r: {"mean": _mean(v), "values": v} for r, v in revert.items()}
+  out["scores"] = model_scores(cfg, prep.task, prep.sets, models, problems, c.eval.batch_size)
   pairs = paired_prompts(prep.task, prep.sets, c.languages.source, c.languages.target)
   out["probe"] = {}
   for name, which in (("base", 0), ("task expert", 1), ("language expert", 2)):

@@ -1,17 +1,27 @@
-"""Arithmetic operations in two "languages": the problem sets of the merge testbed
-(configs/merge.py).
+"""Arithmetic operations in several "languages": the problem sets of the merge testbed
+(configs/merge.py) and of its structure designs (configs/structure_pilots.py).
 
-Numerals in prompts are shared by both languages (as Arabic numerals are by many natural
-languages) and so are operator words; a language has its own *delimiter* (its word for "is")
-and writes its *answers* in its own script (its number words), the digit scripts of
-xlt.data.addition:
+In the testbed's first two languages numerals in prompts are shared (as Arabic numerals are by
+many natural languages) and so are operator words; a language has its own tag and writes its
+*answers* in its own script (its number words), the digit scripts of xlt.data.addition:
 
-  standard   `3 2 7 + 1 0 4 =`  -> 1 3 4     answers in 0-9
-  letter     `3 2 7 + 1 0 4 →`  -> B D E     answers in A-J (0 -> A ... 9 -> J)
+  standard   `[std] 3 2 7 + 1 0 4 =`  -> 1 3 4     answers in 0-9
+  letter     `[let] 3 2 7 + 1 0 4 =`  -> B D E     answers in A-J (0 -> A ... 9 -> J)
 
-Operations: `add` (the testbed's task), `max`, `min`, `double`, `succ` and `copy` (in the
-letter language `copy` translates a numeral into letters). As in the addition task, answers
-are written least significant digit first and the loss is taken on the answer only. A data
+The other languages (`LANGUAGE_SPECS`) write their operands *and* answers in their own glyphs,
+so that their inputs differ too, as a multilingual model's languages do:
+
+  deva, arab, thai  Devanagari, Arabic-Indic and Thai digits in and out; operators, `=` and the
+                    positions shared with every language (the anchors a shared middle can use)
+  clone             every token its own copy (digits, operators, `=`: `0ʹ`, `+ʹ`, `=ʹ`)
+  clone_rev         clone's tokens, operands written least significant digit first: a word
+                    order that must be undone early, before any shared computation
+
+Operations: `add` and `add_digit` (the testbed's tasks), `max`, `min`, `double`, `succ`,
+`add_one` and `copy` (in the letter language `copy` translates a numeral into letters), and the
+translations `to_<language>`: `[std] 3 2 7 to [tha] =` -> the same number in thai's script (the
+parallel data that ties a base's languages together). As in the addition task, answers are
+written least significant digit first and the loss is taken on the answer only. A data
 *mixture* is a list of (operation, language, count) parts.
 
 Held-out problems: for each operation one set of test and one of validation problems is drawn
@@ -23,6 +33,7 @@ language), so a part with n problems is a prefix of the same part with more.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import numpy as np
@@ -30,12 +41,40 @@ import numpy as np
 from xlt.data import addition
 from xlt.data.common import EvalSet, Example
 
-LANGUAGES = ("standard", "letter")
+
+@dataclasses.dataclass(frozen=True)
+class Language:
+  """How a language writes a problem: its tag, the digits of its operands and of its answers
+  (None: the shared digits 0-9), a suffix on its operator and delimiter tokens ("": shared with
+  every language), and whether its operands are written least significant digit first."""
+
+  tag: str
+  operand_digits: tuple[str, ...] | None = None
+  answer_digits: tuple[str, ...] | None = None
+  suffix: str = ""
+  operands_lsd_first: bool = False
+
+
+_SHARED = tuple("0123456789")
+_CLONE = tuple(f"{d}ʹ" for d in range(10))
+# the order fixes every token's id and every stream's seed: new languages go at the end
+LANGUAGE_SPECS = {
+    "standard": Language("[std]"),
+    "letter": Language("[let]", answer_digits=tuple("ABCDEFGHIJ")),
+    "deva": Language("[dev]", tuple("०१२३४५६७८९"), tuple("०१२३४५६७८९")),
+    "arab": Language("[ara]", tuple("٠١٢٣٤٥٦٧٨٩"), tuple("٠١٢٣٤٥٦٧٨٩")),
+    "thai": Language("[tha]", tuple("๐๑๒๓๔๕๖๗๘๙"), tuple("๐๑๒๓๔๕๖๗๘๙")),
+    "clone": Language("[clo]", _CLONE, _CLONE, suffix="ʹ"),
+    "clone_rev": Language("[clr]", _CLONE, _CLONE, suffix="ʹ", operands_lsd_first=True),
+}
+LANGUAGES = tuple(LANGUAGE_SPECS)
 BINARY = {"add": "+", "add_digit": "+", "add_one": "+", "max": "max", "min": "min"}
 UNARY = {"succ": "succ", "double": "double", "copy": "copy"}
-OPERATIONS = tuple(BINARY) + tuple(UNARY)
-TAGS = {"standard": "[std]", "letter": "[let]"}
+TRANSLATE = {f"to_{l}": l for l in LANGUAGES}  # operation -> the language of its answer
+OPERATIONS = tuple(BINARY) + tuple(UNARY) + tuple(TRANSLATE)
+TAGS = {name: spec.tag for name, spec in LANGUAGE_SPECS.items()}
 DELIM = addition.DELIM
+TO = "to"
 
 
 def _check(op: str, language: str):
@@ -46,25 +85,70 @@ def _check(op: str, language: str):
 
 
 def value(op: str, a: int, b: int | None) -> int:
+  if op in TRANSLATE:
+    return a
   return {"add": lambda: a + b, "add_digit": lambda: a + b, "add_one": lambda: a + b, "max": lambda: max(a, b), "min": lambda: min(a, b),
           "succ": lambda: a + 1, "double": lambda: 2 * a, "copy": lambda: a}[op]()
 
 
+def answer_language(op: str, language: str) -> str:
+  """The language whose script an answer is written in: a translation's target, else the prompt's."""
+  return TRANSLATE.get(op, language)
+
+
+def _digits(v: int, digits: tuple[str, ...] | None) -> tuple[str, ...]:
+  return tuple((digits or _SHARED)[ord(ch) - 48] for ch in str(int(v)))
+
+
+def operand(v: int, language: str) -> tuple[str, ...]:
+  spec = LANGUAGE_SPECS[language]
+  out = _digits(v, spec.operand_digits)
+  return out[::-1] if spec.operands_lsd_first else out
+
+
+def answer_tokens(v: int, language: str) -> tuple[str, ...]:
+  """An answer's tokens in `language`'s script, least significant digit first."""
+  return _digits(v, LANGUAGE_SPECS[language].answer_digits)[::-1]
+
+
+def decode_answer(tokens: Sequence[str], language: str) -> int:
+  """The value an answer (least significant digit first) writes in `language`'s script; a
+  ValueError unless it is exactly that script's spelling of a number (no leading zeros)."""
+  digits = LANGUAGE_SPECS[language].answer_digits or _SHARED
+  msd = list(tokens)[::-1]
+  if not msd or any(t not in digits for t in msd) or (len(msd) > 1 and msd[0] == digits[0]):
+    raise ValueError(f"{tokens!r} is not a number in {language}'s script")
+  return int("".join(str(digits.index(t)) for t in msd))
+
+
 def make_example(op: str, a: int, b: int | None, language: str) -> Example:
   _check(op, language)
-  num = lambda v: addition.encode_number(v, "standard")
-  if op in BINARY:
-    prompt = (TAGS[language],) + num(a) + (BINARY[op],) + num(b) + (DELIM,)
+  spec = LANGUAGE_SPECS[language]
+  word = lambda t: t + spec.suffix
+  if op in TRANSLATE:
+    prompt = (spec.tag,) + operand(a, language) + (word(TO), TAGS[TRANSLATE[op]], word(DELIM))
+  elif op in BINARY:
+    prompt = (spec.tag,) + operand(a, language) + (word(BINARY[op]),) + operand(b, language) + (word(DELIM),)
   else:
-    prompt = (TAGS[language],) + num(a) + (UNARY[op], DELIM)
-  return Example(prompt, addition.encode_number(value(op, a, b), language)[::-1])
+    prompt = (spec.tag,) + operand(a, language) + (word(UNARY[op]), word(DELIM))
+  return Example(prompt, answer_tokens(value(op, a, b), answer_language(op, language)))
 
 
-def symbols() -> list[str]:
-  """Every token of both languages and all operations (fixed: ids never depend on samples)."""
-  digits = [str(d) for d in range(10)] + [addition.encode_number(d, "letter")[0] for d in range(10)]
-  return list(dict.fromkeys(digits + list(BINARY.values()) + list(UNARY.values()) + [DELIM]
-                            + list(TAGS.values())))
+def symbols(languages: Sequence[str] = (), ops: Sequence[str] = ()) -> list[str]:
+  """Every token of the testbed's first two languages and all their operations, then those of
+  `languages` and `ops` beyond them, in LANGUAGES order (fixed: ids never depend on samples,
+  and a config of the first two languages has the vocabulary it always had)."""
+  digits = list(_SHARED) + list(LANGUAGE_SPECS["letter"].answer_digits)
+  words = list(BINARY.values()) + list(UNARY.values())
+  out = digits + words + [DELIM] + [TAGS["standard"], TAGS["letter"]]
+  extra = [l for l in LANGUAGES[2:] if l in set(languages) | {TRANSLATE[o] for o in ops if o in TRANSLATE}]
+  for l in extra:
+    spec = LANGUAGE_SPECS[l]
+    out += [spec.tag, *(spec.operand_digits or ()), *(spec.answer_digits or ())]
+    out += [w + spec.suffix for w in words + [DELIM, TO]] if spec.suffix else []
+  if extra or any(o in TRANSLATE for o in ops):
+    out.append(TO)
+  return list(dict.fromkeys(out))
 
 
 def max_length(max_digits: int) -> int:
@@ -73,15 +157,15 @@ def max_length(max_digits: int) -> int:
 
 
 def score(op: str, a: int, b: int | None, answer: Sequence[str], language: str) -> dict:
-  """`exact_match`: the right value in the language's script. `any_script`: the right value in
-  either script: an answer in the wrong script shows that the operation transferred while the
-  language did not."""
+  """`exact_match`: the right value in the language's script (a translation's: its target's).
+  `any_script`: the right value in any language's script: an answer in the wrong script shows
+  that the operation transferred while the language did not."""
   want = value(op, a, b)
-  exact = tuple(answer) == addition.encode_number(want, language)[::-1]
+  exact = tuple(answer) == answer_tokens(want, answer_language(op, language))
   other = False
   for lang in LANGUAGES:
     try:
-      other = other or addition.decode_number(tuple(answer)[::-1], lang) == want
+      other = other or decode_answer(tuple(answer), lang) == want
     except ValueError:
       pass
   return {"exact_match": float(exact), "any_script": float(exact or other)}

@@ -64,7 +64,7 @@ MERGE_INPUTS = ("task_expert", "language_expert", "experts", "base", "ability_mo
 # the config fields a base is made from: a run takes another run's bases (`bases_from`) only
 # when both agree on each of them
 BASE_FIELDS = ("task", "seed", "num_seeds", "seeds_per_condition", "arithmetic", "languages", "task_op", "other_ops",
-               "data.base", "model", "base", "base_model", "base_fluency", "base_render")
+               "data.base", "data.base_task", "model", "base", "base_model", "base_fluency", "base_render")
 
 
 def plan(c) -> list[Recipe]:
@@ -98,8 +98,17 @@ def datasets(c) -> dict[str, list[common.Example]]:
                          + ("the task in the source language" if name == "task" else
                             f"non-task operations in the {name.replace('_', ' ')}"))
   if any(op == c.task_op for op, _, _ in c.data.base):
-    raise ValueError(f"data.base holds the task operation {c.task_op!r}: the base must not learn it")
+    raise ValueError(f"data.base holds the task operation {c.task_op!r}: the base must not learn it "
+                     "(data.base_task gives it a dose of the task in the source language)")
+  for op, lang, _ in c.data.get("base_task", ()):
+    if (op, lang) != (c.task_op, c.languages.source):
+      raise ValueError(f"data.base_task holds ({op}, {lang}): only the task in the source language")
   out = {k: arithmetic.mixture(c.data[k], c.arithmetic) for k in ("base", "task", "language", "source_language")}
+  if c.data.get("base_task"):
+    # a base that half-knows the task (the papers' regime): a dose of it in the source
+    # language, the first problems of the task expert's own stream (a pretraining corpus
+    # that overlaps the fine-tuning data), after the base's other data
+    out["base"] += arithmetic.mixture(c.data.base_task, c.arithmetic)
   out["mixed"] = out["task"] + out["language"]
   return testbed_plan.with_replay(out, c.finetune.get("replay", 0.0), int(c.arithmetic.seed))
 
@@ -272,7 +281,7 @@ def prepare(c, workdir: str) -> Prep:
     return Prep(seeds, sets, recipes, cfg, task, data, loaded)
   if c.eval.get("tasks"):
     raise ValueError(f"eval.tasks={list(c.eval.tasks)}: lm-eval scores text models; set base_model (testbed_text)")
-  tok = common.WordTokenizer(arithmetic.symbols())
+  tok = common.WordTokenizer(vocabulary(c))
   seq_len = arithmetic.max_length(c.arithmetic.max_digits)
   cfg = model_lib.config_from(c.model.to_dict(), tok.vocab_size)
   if seq_len > cfg.block_size:
@@ -283,6 +292,14 @@ def prepare(c, workdir: str) -> Prep:
   data = {k: (lambda e: {"tokens": e.tokens, "loss_mask": e.loss_mask})(
       common.encode_examples(v, tok, seq_len)) for k, v in datasets(c).items()}
   return Prep(seeds, sets, recipes, cfg, task, data)
+
+
+def vocabulary(c) -> list[str]:
+  """The tokens of every language and operation the config's data and roles name (the first
+  two languages' vocabulary as it always was, then what the config adds)."""
+  parts = [p for k in ("base", "base_task", "task", "language", "source_language") for p in c.data.get(k, ())]
+  languages = [c.languages.source, c.languages.target] + [lang for _, lang, _ in parts]
+  return arithmetic.symbols(languages, [op for op, _, _ in parts])
 
 
 def val_score(c, prep: Prep, member_sets: list[list[str]], plain=None) -> kind_lib.ValScore:
@@ -336,7 +353,10 @@ def _finetune_stage(c, prep: Prep, base) -> kind_lib.Stage:
   labels = {p: partition.labels(one, partition.preset_rules(
       p, cfg.num_layers, c.partition.bottom, c.partition.top, c.partition.embeddings, c.partition.head))
             for p in presets}
-  cell_tree, cells = partition.refine([labels[p] for p in presets])
+  if presets:
+    cell_tree, cells = partition.refine([labels[p] for p in presets])
+  else:  # whole-model recipes only: one cell
+    cell_tree, cells = jax.tree.map(lambda _: "all", one), ("all",)
   flags = lambda what: tuple(bool(f) for f in (np.ones(len(cells), bool) if what is ALL else
                                                partition.cells_of(presets.index(what[0]), what[1], cells)))
   members, init, member_sets = [], [], []
