@@ -88,6 +88,9 @@ def test_the_command_measures_a_finished_run_and_refuses_other_workdirs(finished
   r = json.loads(out.read_text())
   assert r["stage"] == "finetune" and r["num_layers"] == 4 and r["seeds"] == [0, 1]
   assert len(r["swap"]["goal"]["mean"]) == 4 and len(r["swap"]["task"]["values"]) == 2
+  assert set(r["revert"]) == {"task", "language"} and len(r["revert"]["task"]["values"][1]) == 4
+  assert set(r["scores"]) == {"base", "task expert", "language expert"}
+  assert all(len(v) == 2 and all(0 <= x <= 1 for x in v) for m in r["scores"].values() for v in m.values())
   for name in ("base", "task expert", "language expert"):
     acc = r["probe"][name]["accuracy"]["mean"]
     assert len(acc) == 5 and acc[0] == 0.5  # at the embeddings "=" is the same token in both languages
