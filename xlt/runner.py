@@ -41,6 +41,7 @@ from xlt import experiments
 from xlt import loop as loop_lib
 from xlt import model as model_lib
 from xlt import results as results_lib
+from xlt import workdir_lock
 from xlt.experiments import common
 
 
@@ -49,22 +50,22 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   early by `stop_after`, which applies to each training stage). `mesh` overrides the one
   the config describes (a test on one device). A run that fails before anything trained
   (a bad data file, a config the kind refuses) releases the workdir it claimed
-  (`release_claim`), so the corrected command can use it."""
+  (`release_claim`), so the corrected command can use it. Another process running in
+  `workdir` meanwhile is refused (xlt.workdir_lock), and so is a workdir that cannot be one."""
   c = experiments.with_kind(c)  # an unknown kind or task fails before anything is written
   kind = experiments.kind(c)
-  workdir = os.path.abspath(workdir)
-  created = not os.path.exists(workdir)
-  os.makedirs(workdir, exist_ok=True)
-  fresh = claim_workdir(c, workdir, kind) == "new"
-  rows = finished_rows(workdir)
-  if rows is not None:
-    return rows
-  try:
-    return _run_claimed(c, kind, workdir, progress=progress, stop_after=stop_after, mesh=mesh)
-  except BaseException:
-    if fresh:
-      release_claim(workdir, created)
-    raise
+  created = bool(str(workdir).strip()) and not os.path.lexists(os.path.abspath(workdir))
+  with workdir_lock.hold(workdir) as workdir:  # one run per workdir: another process is refused
+    fresh = claim_workdir(c, workdir, kind) == "new"
+    rows = finished_rows(workdir)
+    if rows is not None:
+      return rows
+    try:
+      return _run_claimed(c, kind, workdir, progress=progress, stop_after=stop_after, mesh=mesh)
+    except BaseException:
+      if fresh:
+        release_claim(workdir, created)
+      raise
 
 
 def _run_claimed(c, kind, workdir: str, *, progress, stop_after, mesh) -> list[dict]:
@@ -105,6 +106,7 @@ def release_claim(workdir: str, created: bool):
   with contextlib.suppress(FileNotFoundError):
     os.remove(os.path.join(workdir, "config.json"))
   if created:
+    workdir_lock.release(workdir)  # its file too: the process is giving the workdir up
     for root, _, _ in os.walk(workdir, topdown=False):  # empty stage folders, then the workdir
       if not os.listdir(root):
         os.rmdir(root)
