@@ -172,8 +172,8 @@ def claim_workdir(c, workdir: str, kind=None) -> str:
   silently continue or report the old one; so a config that differs from the recorded one in
   a field that changes results is an error naming the fields. (A workdir without a
   config.json gets this run's.) A kind with `adds_recipes(recorded, c, changes)` may accept
-  a config that only adds recipes ("added"): the finished stages are kept, the new ones
-  trained, and the outputs written again (the finished mark, results.json, is removed first,
+  a config that only adds recipes, or on an unfinished workdir changes only outputs never
+  written ("added"): the finished stages are kept, the new ones trained, and the outputs written again (the finished mark, results.json, is removed first,
   then the new config recorded)."""
   if "task" in c or "kind" in c:  # an experiment's: recorded with its kind written out
     c = experiments.with_kind(c)
@@ -187,7 +187,8 @@ def claim_workdir(c, workdir: str, kind=None) -> str:
              if not any(k == m or (m.endswith(".") and k.startswith(m)) for m in MAY_CHANGE_ON_RESUME)}
   if not changes:
     return "same"
-  if kind is not None and hasattr(kind, "adds_recipes") and kind.adds_recipes(recorded, c, changes):
+  finished = os.path.exists(os.path.join(workdir, "results.json"))
+  if kind is not None and hasattr(kind, "adds_recipes") and kind.adds_recipes(recorded, c, changes, finished):
     for name in ("results.json", "results.csv"):
       with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(workdir, name))
