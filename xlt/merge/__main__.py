@@ -33,6 +33,7 @@ flags of that command. A failed evaluation leaves the merged model and exits wit
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -214,11 +215,22 @@ def main(argv):
   return 0
 
 
+def evaluate_argv(extra: str) -> list[str]:
+  """The flags of --evaluate_args: split where a flag starts (whitespace before "--"), each piece
+  shell-unquoted when that leaves one word; a --flag=value whose value holds spaces (a --metadata
+  JSON, as the docs write it) is kept whole rather than split at them."""
+  out = []
+  for piece in re.split(r"\s+(?=--)", extra.strip()) if extra.strip() else []:
+    words = shlex.split(piece)
+    out += [piece] if len(words) > 1 and "=" in words[0] and piece.startswith("--") else words
+  return out
+
+
 def evaluate(model_dir: str, tasks: str, extra: str = "") -> int:
   """`python -m xlt.eval` on the merged directory in a child process (its error line passed on)."""
   out = os.path.join(model_dir, "eval.json")
   try:
-    args = shlex.split(extra)
+    args = evaluate_argv(extra)
   except ValueError as e:
     return _fail(f"--evaluate_args: {e}")
   child = subprocess.run([sys.executable, "-m", "xlt.eval", f"--model={model_dir}", f"--tasks={tasks}",
