@@ -138,7 +138,7 @@ PEAK = textwrap.dedent("""
             if method == "layer_swap" else
             {"base": directory + "/a.safetensors", "experts": [directory + "/b.safetensors"] * 2})
   options = {"bottom": 2, "top": 1, "lower_transition": 1} if method == "layer_swap" else {}
-  tool.merge_files(inputs, method, directory + "/out", options, heatmaps=False)
+  tool.merge_files(inputs, method, directory + "/out_" + method, options, heatmaps=False)
   print(json.dumps({"grew_kib": kib("VmHWM") - before}))
 """)
 

@@ -15,6 +15,7 @@ parameters. A checkpoint restores only with the number of processes that wrote i
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -35,9 +36,82 @@ def manager(directory: str, max_to_keep: int = 2) -> ocp.CheckpointManager:
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state, data_iter, loop: dict):
-  mngr.save(step, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(data_iter),
-      loop=ocp.args.JsonSave(loop)))
+  """Starts saving checkpoint `step` (orbax commits it in the background; a failure of the
+  previous one surfaces here or in `wait`: a full or read-only disk as one line, `disk_error`)."""
+  try:
+    mngr.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(data_iter),
+        loop=ocp.args.JsonSave(loop)))
+  except Exception as e:
+    if (disk := disk_error(e, str(mngr.directory))) is None:
+      raise
+    raise disk from e
+
+
+def wait(mngr: ocp.CheckpointManager):
+  """Waits for the checkpoint being saved (its failure as `save`'s)."""
+  try:
+    mngr.wait_until_finished()
+  except Exception as e:
+    if (disk := disk_error(e, str(mngr.directory))) is None:
+      raise
+    raise disk from e
+
+
+# orbax and tensorstore report a full or read-only disk in their own words, naming the
+# checkpoint's hidden temporary folder
+_DISK = {"No space left on device": "no space left on the device", "os_error_code='28'": "no space left on the device",
+         "Read-only file system": "a read-only file system", "os_error_code='30'": "a read-only file system",
+         "Disk quota exceeded": "the disk quota is exceeded"}
+
+
+def disk_error(error: Exception, directory: str) -> ValueError | None:
+  """A one-line ValueError naming `directory` (the run's ckpt folder, not orbax's temporary one)
+  when `error` says the disk is full or read-only; None for any other error."""
+  text = str(error)
+  why = next((v for k, v in _DISK.items() if k in text), None)
+  if why is None:
+    return None
+  return ValueError(f"checkpoints in {directory} cannot be written: {why}; free the space (or make it writable) and "
+                    "run the same command again: it resumes from the last checkpoint")
+
+
+class QuietBackgroundErrors(logging.Filter):
+  """Drops orbax's logged tracebacks of a failed background commit: the same error reaches the
+  training loop at the next save or wait, and xlt reports it in one line (`disk_error`)."""
+
+  def filter(self, record) -> bool:
+    if record.levelno < logging.ERROR:
+      return True
+    if f"{os.sep}orbax{os.sep}" in (record.pathname or ""):
+      return False
+    # asyncio's "exception was never retrieved" of the writes in flight, at exit
+    return not (record.name == "asyncio" and any(k in record.getMessage() for k in _DISK))
+
+
+def quiet_background_errors():
+  """Installs QuietBackgroundErrors on absl's logger (orbax logs through absl) and asyncio's, and
+  hooks that drop the closed event loop's tracebacks; main does it unless --traceback."""
+  for logger in (logging.getLogger("absl"), logging.getLogger("asyncio")):
+    if not any(isinstance(f, QuietBackgroundErrors) for f in logger.filters):
+      logger.addFilter(QuietBackgroundErrors())
+  previous = sys.excepthook
+  if getattr(previous, "quiet_closed_loop", False):
+    return
+
+  def hook(kind, value, tb):
+    # tensorstore's writes still in flight call back into the event loop orbax closed on the
+    # failure (printed through this hook, one traceback each); the failure itself is reported
+    if not (kind is RuntimeError and str(value) == "Event loop is closed"):
+      previous(kind, value, tb)
+
+  def unraisable(u):
+    if not (u.exc_type is RuntimeError and str(u.exc_value) == "Event loop is closed"):
+      previous_unraisable(u)
+
+  previous_unraisable = sys.unraisablehook
+  hook.quiet_closed_loop = True
+  sys.excepthook, sys.unraisablehook = hook, unraisable
 
 
 class CheckpointError(RuntimeError):

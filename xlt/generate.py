@@ -10,8 +10,9 @@ Each prompt line is {"prompt": "..."} or {"messages": [{"role": ..., "content": 
 messages (and, with --chat, prompts as one user message) go through the model's chat
 template, with the assistant's turn opened. Each output line is the prompt's record with
 "continuation" (the text up to the first stop id: the tokenizer's EOS and generation_config's
-eos_token_id) and "ids" added; the file is rewritten atomically after every batch, so it holds
-the finished prompts and is never torn. With --answers (one {"answer": ...} line per prompt),
+eos_token_id) and "ids" added. The output is written once, atomically, when every prompt is done: an interrupted
+run leaves it as it was, the prompts it finished in <output>.partial (rewritten atomically after
+every batch, removed at the end). With --answers (one {"answer": ...} line per prompt),
 each record gets "answer", "predicted" and "correct", and the accuracy is printed and
 written beside the output (out.jsonl -> out.accuracy.json). --match says what counts as
 correct (`MATCHES`):
@@ -41,6 +42,7 @@ model's context) is one line `xlt.generate: error: ...` and exit status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -278,13 +280,20 @@ def read_answers(path: str, n: int) -> list:
 
 def run_prompts(args, cfg, params, tokenizer, records, prompts, answers, mesh=None) -> dict | None:
   done: dict[int, dict] = {}
+  partial = args.output + ".partial"  # the output itself only ever holds every prompt's
 
   def write(rows, results):  # every finished record so far, in prompt order, atomically
     done.update({i: {**records[i], **res} for i, res in zip(rows, results)})
-    fileio.write_text(args.output, "".join(json.dumps(done[i], ensure_ascii=False) + "\n" for i in sorted(done)))
+    fileio.write_text(partial, "".join(json.dumps(done[i], ensure_ascii=False) + "\n" for i in sorted(done)))
 
-  results = decode(cfg, params, tokenizer, prompts, chat=args.chat, max_new=args.max_new, batch=args.batch,
-                   on_batch=write, mesh=mesh)
+  try:
+    results = decode(cfg, params, tokenizer, prompts, chat=args.chat, max_new=args.max_new, batch=args.batch,
+                     on_batch=write, mesh=mesh)
+  except BaseException:
+    if done:
+      print(f"xlt.generate: stopped after {len(done)} of {len(records)} prompts: those are in {partial}; "
+            f"{args.output} is as it was", file=sys.stderr, flush=True)
+    raise
   out = [{**r, **res} for r, res in zip(records, results)]
   summary = None
   if answers is not None:
@@ -293,6 +302,8 @@ def run_prompts(args, cfg, params, tokenizer, records, prompts, answers, mesh=No
     print(f"accuracy {summary['accuracy']:.4f} ({summary['correct']}/{summary['total']}, {args.match} match"
           + (f"; right value in either script {summary['any_script']:.4f}" if "any_script" in summary else "") + ")")
   fileio.write_text(args.output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out))
+  with contextlib.suppress(FileNotFoundError):
+    os.remove(partial)
   print(f"{len(out)} continuations in {args.output}")
   return summary
 

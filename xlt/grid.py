@@ -15,12 +15,14 @@ each other); two single-core processes each keep theirs busy, so a grid ends soo
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from typing import Callable
 
 from xlt import runner
 from xlt import results as results_lib
+from xlt import workdir_lock
 from xlt import workers as workers_lib
 
 
@@ -65,15 +67,24 @@ def run(c, workdir: str, progress: bool = True, only=None) -> list[dict]:
   points = select(list(c.grid), only)
   configs = [point_config(c, p) for p in points]  # fail on a bad point before any training
   rows = []
-  for point, sub in zip(points, configs):
-    print(f"=== grid point {point['name']}", flush=True)
-    rows += runner.run(sub, os.path.join(workdir, point["name"]), progress=progress)
-  results_lib.write(workdir, rows)
-  metric = rows[0]["metric"] if rows else ""
-  table = results_lib.table(rows, metric, c.name, sweep=bool(c.get("sweep")))
-  results_lib.atomic_write(os.path.join(workdir, "table.md"), table)
+  with _lock(workdir) as workdir:
+    for point, sub in zip(points, configs):
+      print(f"=== grid point {point['name']}", flush=True)
+      rows += runner.run(sub, os.path.join(workdir, point["name"]), progress=progress)
+    results_lib.write(workdir, rows)
+    metric = rows[0]["metric"] if rows else ""
+    table = results_lib.table(rows, metric, c.name, sweep=bool(c.get("sweep")))
+    results_lib.atomic_write(os.path.join(workdir, "table.md"), table)
   print(table)
   return rows
+
+
+def _lock(workdir: str):
+  """The grid workdir's lock (xlt.workdir_lock), except in a point worker: its parent holds it,
+  and the worker locks its point's workdir (runner.run)."""
+  if os.environ.get(workers_lib.PARENT_ENV, "").strip():
+    return contextlib.nullcontext(workdir_lock.make(workdir))
+  return workdir_lock.hold(workdir)
 
 
 def run_in_workers(c, workdir: str, command: Callable[[str], list[str]], workers: int, only=None,
@@ -88,12 +99,14 @@ def run_in_workers(c, workdir: str, command: Callable[[str], list[str]], workers
   interrupt or SIGTERM stops the workers; their points resume from their checkpoints)."""
   workers_lib.check_host("point workers", workers)  # before any claim
   points = select(list(c.grid), only)
-  todo = []
-  for point, sub in zip(points, [point_config(c, p) for p in points]):
-    point_dir = os.path.join(workdir, point["name"])
-    os.makedirs(point_dir, exist_ok=True)
-    runner.claim_workdir(sub, point_dir)  # a point of another config fails now, not in a worker
-    if not os.path.exists(os.path.join(point_dir, "results.json")):
-      todo.append((point["name"], command(point["name"])))
-  workers_lib.run_pinned(todo, os.path.join(workdir, "logs"), workers, "point workers", poll_s)
-  return run(c, workdir, progress=progress, only=only)
+  configs = [point_config(c, p) for p in points]
+  with _lock(workdir) as workdir:
+    todo = []
+    for point, sub in zip(points, configs):
+      point_dir = os.path.join(workdir, point["name"])
+      os.makedirs(point_dir, exist_ok=True)
+      runner.claim_workdir(sub, point_dir)  # a point of another config fails now, not in a worker
+      if not os.path.exists(os.path.join(point_dir, "results.json")):
+        todo.append((point["name"], command(point["name"])))
+    workers_lib.run_pinned(todo, os.path.join(workdir, "logs"), workers, "point workers", poll_s)
+    return run(c, workdir, progress=progress, only=only)

@@ -382,7 +382,7 @@ def _finish(run: _Run, ls: LoopState) -> dict:
     run.bar.note(f"{run.bar.desc}: ends at step {ls.step} of {run.t.steps}: every model stopped early")
   if finished and run.mngr.latest_step() != ls.step:
     ckpt_lib.save(run.mngr, ls.step, ls.state, run.data, ls.checkpointed())
-  run.mngr.wait_until_finished()
+  ckpt_lib.wait(run.mngr)
   run.writer.close()
   if finished:
     ls.stopped_at = [ls.step if s is None else s for s in ls.stopped_at]

@@ -227,6 +227,8 @@ def main(argv):
     _exit_with(e)
   from xlt import checkpoint, distributed, grid, runner
 
+  if not _TRACEBACK.value:
+    checkpoint.quiet_background_errors()  # a full disk: one line, not orbax's tracebacks first
   try:
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     if not distributed.is_main():

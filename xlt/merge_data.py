@@ -6,7 +6,8 @@ model; this is where the two meet, beside training.
 Each batch is split over the mesh's data axes (`c.mesh`, as training's), the parameters
 replicated. It prints an estimate of the memory the statistics take before computing them, then writes the
 merged model as a Hugging Face model directory (xlt.pretrained.save, the first expert's config
-and tokenizer) with merge_config.json. A user error is one line on stderr and exit status 2.
+and tokenizer) with merge_config.json. A user error is one line on stderr and exit status 2. A non-empty output is
+replaced only with --overwrite, never when it is an input or holds one (xlt.merge.tool.check_output).
 """
 
 from __future__ import annotations
@@ -17,14 +18,13 @@ import sys
 
 import jax
 import numpy as np
-from absl import app
+from absl import app, flags
 from ml_collections import config_flags
 
 from xlt import hf_tokenizer, lora, merge_statistics, pretrained, sharding
 from xlt.data import sft
 from xlt.io import fileio
-from xlt.io import hf_dir as hf
-from xlt.merge import registry
+from xlt.merge import registry, tool
 from xlt.param_paths import path_names
 
 STATISTICS = {"regmean": "grams", "fisher": "fishers"}
@@ -48,7 +48,7 @@ def _batches(path: str, tok, c) -> list[np.ndarray]:
   return [rows[i:i + int(c.batch_size)] for i in range(0, len(rows), int(c.batch_size))]
 
 
-def run(c, *, log=print) -> dict:
+def run(c, *, log=print, overwrite: bool = False) -> dict:
   """Runs the data-aware merge config `c` describes; returns its summary."""
   method = str(c.method)
   if method not in STATISTICS:
@@ -58,8 +58,7 @@ def run(c, *, log=print) -> dict:
     raise ValueError(f"data.experts: one data file per expert ({len(experts)} experts, {len(data)} files)")
   options = dict(c.options.to_dict() if hasattr(c.options, "to_dict") else c.options or {})
   registry.check(method, {"experts": experts}, {**options, STATISTICS[method]: [None] * len(experts)})
-  if os.path.isdir(c.output) and os.listdir(c.output) and not hf.is_xlt_output(c.output):
-    raise ValueError(f"{c.output} is a non-empty directory that xlt did not write; choose another output directory")
+  tool.check_output(str(c.output), overwrite, experts + data)
   tok = hf_tokenizer.load(experts[0])
   # the batches split over the mesh's data axes (data x fsdp), the parameters replicated
   mesh = sharding.make_mesh(c.mesh.to_dict() if hasattr(c.mesh, "to_dict") else dict(c.mesh)) if c.get("mesh") else None
@@ -77,7 +76,7 @@ def run(c, *, log=print) -> dict:
     stats.append(compute(cfg, params, batches, mesh=mesh))
     models.append(jax.tree.map(np.asarray, params))
   merged = registry.merge(method, {"experts": models}, {**options, STATISTICS[method]: stats})
-  summary = pretrained.save(first, merged, c.output, source_dir=experts[0],
+  summary = pretrained.save(first, merged, c.output, source_dir=experts[0], overwrite=overwrite,
                             card={"method": method, "inputs": experts, "data": data, "options": options})
   ran = {"method": method, "inputs": {"experts": experts}, "data": {"experts": data}, "options": options,
          "block_size": int(c.block_size), "batch_size": int(c.batch_size), "max_examples": int(c.max_examples)}
@@ -85,7 +84,7 @@ def run(c, *, log=print) -> dict:
   return summary
 
 
-def main(argv, config=None):
+def main(argv, config=None, overwrite: bool = False):
   if len(argv) > 1:
     print(f"xlt.merge_data: error: unexpected arguments {argv[1:]}", file=sys.stderr)
     return 2
@@ -93,7 +92,7 @@ def main(argv, config=None):
     print("xlt.merge_data: error: --config=configs/merge_data.py is required", file=sys.stderr)
     return 2
   try:
-    summary = run(config.value)
+    summary = run(config.value, overwrite=overwrite)
   except (ValueError, TypeError, OSError) as e:
     print("xlt.merge_data: error: " + " ".join(str(e).split()), file=sys.stderr)
     return 2
@@ -105,4 +104,5 @@ if __name__ == "__main__":
   # defined here, not on import: the library's functions import beside other absl programs
   _config = config_flags.DEFINE_config_file("config", None, "configs/merge_data.py", lock_config=False,
                                             accept_new_attributes=True)
-  app.run(lambda argv: main(argv, _config))
+  _overwrite = flags.DEFINE_bool("overwrite", False, "replace a non-empty output directory (never an input)")
+  app.run(lambda argv: main(argv, _config, _overwrite.value))

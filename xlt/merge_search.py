@@ -25,7 +25,8 @@ merge as a Hugging Face model directory). Killed and started again with the same
 the search resumes after its last finished trial and ends with the same trials: each trial's
 options depend only on the seed, its number and the trials before it (the random sampler
 draws from (seed, number); TPE, optuna's, is rebuilt from the journal each trial with seed +
-number). Another command on the same --output is refused. A user error is one line and
+number; optuna must be installed: pip install -e '.[search]', or --sampler=random). Another
+command on the same --output is refused. A user error is one line and
 exit status 2.
 """
 

@@ -376,7 +376,7 @@ def hf_tensors(cfg: model.Config, params, family: str) -> dict:
 
 def save(cfg: model.Config, params, out_dir: str, *, hf_config: dict | None = None, source_dir: str | None = None,
          max_shard_bytes: int | str = hf_dir.DEFAULT_MAX_SHARD_BYTES, dtype: str | None = None,
-         card: dict | None = None) -> dict:
+         card: dict | None = None, overwrite: bool = False) -> dict:
   """Writes xlt params as a Hugging Face model directory (xlt.io.hf_dir.write_model_dir: the
   weights in format pt, one file or shards + index, config.json, a card); returns its summary.
 
@@ -384,7 +384,8 @@ def save(cfg: model.Config, params, out_dir: str, *, hf_config: dict | None = No
     source_dir's; source_dir's tokenizer files are copied. Without either, the family comes
     from `guess_family(cfg)`. The entries that decide the computation are written from `cfg`
     (`config_to_hf`), and `cfg` must be what that config loads as (ValueError otherwise).
-  dtype: the tensors' dtype (float32, bfloat16, float16); default the params'."""
+  dtype: the tensors' dtype (float32, bfloat16, float16); default the params'.
+  overwrite: as write_model_dir's (replace a non-empty directory xlt did not write)."""
   if dtype is not None and str(dtype) not in DTYPES:
     raise ValueError(f"dtype {dtype!r} is not supported: xlt.pretrained writes {', '.join(DTYPES)}")
   base = hf_config if hf_config is not None else (
@@ -400,4 +401,4 @@ def save(cfg: model.Config, params, out_dir: str, *, hf_config: dict | None = No
                      f"describes ({', '.join(f'{k}={getattr(mine, k)!r}' for k in diff)})")
   return hf_dir.write_model_dir(hf_tensors(cfg, params, family), out_dir, source_dir=source_dir, config=config,
                                 max_shard_bytes=max_shard_bytes, dtype=out_dtype,
-                                card=card or {"method": "xlt.pretrained.save", "family": family})
+                                card=card or {"method": "xlt.pretrained.save", "family": family}, overwrite=overwrite)

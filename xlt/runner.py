@@ -41,6 +41,7 @@ from xlt import experiments
 from xlt import loop as loop_lib
 from xlt import model as model_lib
 from xlt import results as results_lib
+from xlt import workdir_lock
 from xlt.experiments import common
 
 
@@ -49,22 +50,22 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   early by `stop_after`, which applies to each training stage). `mesh` overrides the one
   the config describes (a test on one device). A run that fails before anything trained
   (a bad data file, a config the kind refuses) releases the workdir it claimed
-  (`release_claim`), so the corrected command can use it."""
+  (`release_claim`), so the corrected command can use it. Another process running in
+  `workdir` meanwhile is refused (xlt.workdir_lock), and so is a workdir that cannot be one."""
   c = experiments.with_kind(c)  # an unknown kind or task fails before anything is written
   kind = experiments.kind(c)
-  workdir = os.path.abspath(workdir)
-  created = not os.path.exists(workdir)
-  os.makedirs(workdir, exist_ok=True)
-  fresh = claim_workdir(c, workdir, kind) == "new"
-  rows = finished_rows(workdir)
-  if rows is not None:
-    return rows
-  try:
-    return _run_claimed(c, kind, workdir, progress=progress, stop_after=stop_after, mesh=mesh)
-  except BaseException:
-    if fresh:
-      release_claim(workdir, created)
-    raise
+  created = bool(str(workdir).strip()) and not os.path.lexists(os.path.abspath(workdir))
+  with workdir_lock.hold(workdir) as workdir:  # one run per workdir: another process is refused
+    fresh = claim_workdir(c, workdir, kind) == "new"
+    rows = finished_rows(workdir)
+    if rows is not None:
+      return rows
+    try:
+      return _run_claimed(c, kind, workdir, progress=progress, stop_after=stop_after, mesh=mesh)
+    except BaseException:
+      if fresh:
+        release_claim(workdir, created)
+      raise
 
 
 def _run_claimed(c, kind, workdir: str, *, progress, stop_after, mesh) -> list[dict]:
@@ -105,6 +106,7 @@ def release_claim(workdir: str, created: bool):
   with contextlib.suppress(FileNotFoundError):
     os.remove(os.path.join(workdir, "config.json"))
   if created:
+    workdir_lock.release(workdir)  # its file too: the process is giving the workdir up
     for root, _, _ in os.walk(workdir, topdown=False):  # empty stage folders, then the workdir
       if not os.listdir(root):
         os.rmdir(root)
@@ -170,8 +172,8 @@ def claim_workdir(c, workdir: str, kind=None) -> str:
   silently continue or report the old one; so a config that differs from the recorded one in
   a field that changes results is an error naming the fields. (A workdir without a
   config.json gets this run's.) A kind with `adds_recipes(recorded, c, changes)` may accept
-  a config that only adds recipes ("added"): the finished stages are kept, the new ones
-  trained, and the outputs written again (the finished mark, results.json, is removed first,
+  a config that only adds recipes, or on an unfinished workdir changes only outputs never
+  written ("added"): the finished stages are kept, the new ones trained, and the outputs written again (the finished mark, results.json, is removed first,
   then the new config recorded)."""
   if "task" in c or "kind" in c:  # an experiment's: recorded with its kind written out
     c = experiments.with_kind(c)
@@ -185,7 +187,8 @@ def claim_workdir(c, workdir: str, kind=None) -> str:
              if not any(k == m or (m.endswith(".") and k.startswith(m)) for m in MAY_CHANGE_ON_RESUME)}
   if not changes:
     return "same"
-  if kind is not None and hasattr(kind, "adds_recipes") and kind.adds_recipes(recorded, c, changes):
+  finished = os.path.exists(os.path.join(workdir, "results.json"))
+  if kind is not None and hasattr(kind, "adds_recipes") and kind.adds_recipes(recorded, c, changes, finished):
     for name in ("results.json", "results.csv"):
       with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(workdir, name))

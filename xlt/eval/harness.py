@@ -1,6 +1,6 @@
 """xlt's models as an lm-evaluation-harness model class, `xlt`:
 
-  python -m xlt.eval.harness --model xlt --model_args pretrained=DIR[,mesh=data=4;tensor=2] --tasks ...
+  python -m xlt.eval.harness --model xlt --model_args 'pretrained=DIR[,mesh=data=4;tensor=2]' --tasks ...
   python -m xlt.eval --model=DIR --tasks=...                    (xlt's own command line)
 
   from xlt.eval import harness                    # importing it registers "xlt" with lm-eval

@@ -139,22 +139,61 @@ def check(c, num_layers: int):
                       options.get("upper_transition", 0))
   finetune_peft.check(c, num_layers, partitions(c))
   eval_scores.check(c.eval.get("tasks", ()), eval_scores.kind_options(c))
+  for path in c.eval.prompts:
+    prompt_set(path)
+
+
+def prompt_set(path: str) -> tuple[list[dict], list]:
+  """(records, prompts) of an `eval.prompts` file, every record with an "answer": read by
+  `check` too, so that a missing file or answer fails before the first step, not after every
+  model has trained."""
+  if not os.path.isfile(str(path)):
+    raise ValueError(f"eval.prompts: {path} is not a file")
+  records, prompts = generate_lib.read_prompts(str(path))
+  if missing := [i for i, r in enumerate(records) if "answer" not in r]:
+    raise ValueError(f"eval.prompts: {path}: prompt {missing[0]} has no \"answer\"")
+  return records, prompts
+
+
+def check_merge_values(c, shapes) -> None:
+  """Runs each merge of `c.merges` on stand-ins of the models (the base's tree, each dimension
+  cut to 4 at most): an option value the method itself refuses (ties density=1.5, slerp t=5)
+  fails here, before the first step, instead of after every expert has trained."""
+  if not c.merges:
+    return
+  rng = np.random.default_rng(0)
+
+  def stand_in():
+    return jax.tree.map(lambda s: rng.standard_normal([min(d, 4) for d in s.shape]).astype(np.float32), shapes)
+
+  task, lang = stand_in(), stand_in()
+  inputs = {"task_expert": task, "language_expert": lang, "experts": [task, lang], "base": stand_in()}
+  for label, method, options in merges(c):
+    try:
+      merge.registry.merge_among(method, inputs, options)
+    except (ValueError, TypeError) as e:
+      raise ValueError(f"merges {label!r}: {' '.join(str(e).split())}") from e
 
 
 # The fields a config may change on a workdir whose recipes it only adds to (`adds_recipes`)
 _ADDING_FIELDS = ("merges", "simultaneous.", "lora.", "neurons.", "eval.tasks", "eval.lm_eval.")
+# and those it may change on a workdir whose outputs were never written (a run that failed in them)
+_OUTPUT_FIELDS = ("eval.prompts", "eval.chat", "eval.max_new")
 
 
-def adds_recipes(recorded: dict, c, changes: dict) -> bool:
+def adds_recipes(recorded: dict, c, changes: dict, finished: bool = True) -> bool:
   """Whether `c` only adds recipes to the run whose config.json is `recorded` (xlt.runner keeps
   its finished stages and trains the new ones): every changed field is a merge, a
   simultaneous alternation trained alone (`together` False: a stage each), the LoRA recipes
-  where the run had none, the trained neurons where it had none, or the lm-eval tasks
-  scored on every model (`eval.tasks`, outputs only); every recorded recipe
-  and merge is still planned; and no stage that trained changes (the weight ensemble of
-  `together`, the LoRA stage, the neuron stages)."""
+  where the run had none, the trained neurons where it had none, or what scores the models
+  (`eval.tasks`: outputs only); every recorded recipe (and merge) is still planned; and no
+  stage that trained changes (the weight ensemble of `together`, the LoRA stage, the neuron
+  stages). Where the outputs were never written (not `finished`: a run that failed in them), the
+  merges and the prompts scored may change freely: they are made from the trained stages when
+  the outputs are, so the corrected command resumes the run."""
   old = ml_collections.ConfigDict(recorded)
-  if any(not any(k == f or (f.endswith(".") and k.startswith(f)) for f in _ADDING_FIELDS) for k in changes):
+  fields = _ADDING_FIELDS + (() if finished else _OUTPUT_FIELDS)
+  if any(not any(k == f or (f.endswith(".") and k.startswith(f)) for f in fields) for k in changes):
     return False
   if any(k.startswith("simultaneous.") for k in changes) and c.together:
     return False  # the alternations train in the one weight ensemble
@@ -163,7 +202,7 @@ def adds_recipes(recorded: dict, c, changes: dict) -> bool:
   if old.neurons.enabled and any(k.startswith("neurons.") for k in changes):
     return False
   was, now = {r.name for r in plan(old)}, {r.name for r in plan(c)}
-  return was <= now and set(old.merges) <= set(c.merges)
+  return was <= now and (not finished or set(old.merges) <= set(c.merges))
 
 
 def slug(name: str) -> str:
@@ -201,6 +240,7 @@ def prepare(c, workdir: str) -> Prep:
     raise ValueError(f"data.block_size={c.data.block_size} is over the model's context {cfg.block_size}")
   recipes = plan(c)
   labels = label_trees(c, shapes)  # (from the shapes: a partition without both labels fails before the load)
+  check_merge_values(c, shapes)
   estimate = _memory(c, cfg, shapes, recipes)
   tok = hf_tokenizer.load(c.base)
   data = {}
@@ -384,9 +424,7 @@ def _exact_match(c, prep: Prep, params) -> dict:
   jsonl files of {"prompt" or "messages", "answer"}; leading/trailing spaces ignored)."""
   out = {}
   for path in c.eval.prompts:
-    records, prompts = generate_lib.read_prompts(path)
-    if missing := [i for i, r in enumerate(records) if "answer" not in r]:
-      raise ValueError(f"{path}: prompt {missing[0]} has no \"answer\"")
+    records, prompts = prompt_set(path)
     got = generate_lib.decode(prep.cfg, params, prep.tok, prompts, chat=c.eval.chat, max_new=c.eval.max_new,
                               batch=c.eval.batch_size)
     # the scoring of `python -m xlt.generate --answers --match=exact`, so the two agree

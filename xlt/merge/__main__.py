@@ -22,7 +22,9 @@ merges over slices); any other key is refused by name);
 A user error (method, inputs, options, files: a truncated file, a tensor missing from one
 input, shapes or dtypes that differ, an architecture a layer-aware method does not know) is one
 line `xlt.merge: error: ...` on stderr and exit status 2, the output directory untouched;
---traceback shows the full trace instead.
+--traceback shows the full trace instead. An existing non-empty output (an earlier merge's
+included) is replaced only with --overwrite, and never when it is an input, lies inside one or
+holds one; the new directory is built beside it and renamed into place once complete.
 --evaluate scores the merged directory on lm-eval tasks with `python -m xlt.eval` (xlt's backend,
 docs/evaluate.md; lm-eval must be installed) in a child process, so the merge library loads no
 model code, and writes the scores beside the model (out/eval.json); --evaluate_args are more
@@ -31,6 +33,7 @@ flags of that command. A failed evaluation leaves the merged model and exits wit
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -57,8 +60,8 @@ _TRACEBACK = flags.DEFINE_bool("traceback", False, "on an error, show the full t
 _EVALUATE = flags.DEFINE_string("evaluate", None, "lm-eval tasks (comma-separated) to score the merged model on, "
                                 "written to <output>/eval.json")
 _EVALUATE_ARGS = flags.DEFINE_string("evaluate_args", "", "more flags of python -m xlt.eval (e.g. --limit=50)")
-_OVERWRITE = flags.DEFINE_bool("overwrite", False, "replace the output directory even when it is a non-empty "
-                               "directory xlt did not write")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "replace a non-empty output directory (the old one is deleted "
+                               "once the new one is in place; never an input or a directory holding one)")
 FIELDS = ("method", "inputs", "options", "naming", "heatmaps", "output", "config_from", "max_shard_size", "dtype",
           "vocab", "tokenizer", "chat_template")
 
@@ -82,7 +85,7 @@ def inputs_of(method: str, inputs: dict) -> dict:
 def merge_config(c, *, overwrite: bool = False) -> dict:
   """Runs the merge a config describes (mergekit's names accepted: from_mergekit.flags_aliases)
   and writes `c.output` with summary.json and merge_config.json (the config as run); returns
-  the summary. overwrite: replace an output directory xlt did not write."""
+  the summary. overwrite: replace a non-empty output directory (never an input)."""
   if unknown := sorted(set(c.keys()) - set(FIELDS)):
     raise ValueError(f"unknown config field {', '.join(unknown)}; the fields: {', '.join(FIELDS)}")
   c = c.to_dict() if hasattr(c, "to_dict") else dict(c)
@@ -212,11 +215,22 @@ def main(argv):
   return 0
 
 
+def evaluate_argv(extra: str) -> list[str]:
+  """The flags of --evaluate_args: split where a flag starts (whitespace before "--"), each piece
+  shell-unquoted when that leaves one word; a --flag=value whose value holds spaces (a --metadata
+  JSON, as the docs write it) is kept whole rather than split at them."""
+  out = []
+  for piece in re.split(r"\s+(?=--)", extra.strip()) if extra.strip() else []:
+    words = shlex.split(piece)
+    out += [piece] if len(words) > 1 and "=" in words[0] and piece.startswith("--") else words
+  return out
+
+
 def evaluate(model_dir: str, tasks: str, extra: str = "") -> int:
   """`python -m xlt.eval` on the merged directory in a child process (its error line passed on)."""
   out = os.path.join(model_dir, "eval.json")
   try:
-    args = shlex.split(extra)
+    args = evaluate_argv(extra)
   except ValueError as e:
     return _fail(f"--evaluate_args: {e}")
   child = subprocess.run([sys.executable, "-m", "xlt.eval", f"--model={model_dir}", f"--tasks={tasks}",

@@ -98,7 +98,7 @@ def merge_sliced(method: str, inputs: dict, ranges: list[list[list[int]]], model
   if source is not None:
     j = models.index(source) if source in models else 0
     config = stack.stacked_config(source, [(source, *r[j]) for r in ranges])
-  tool._check_output(output, overwrite)
+  tool.check_output(output, overwrite, tool.input_paths({**inputs, "models": models}))
   card = {"title": f"{method} merge over slices", "method": method, "inputs": inputs, "ranges": ranges}
   written = hf.write_model_dir(merged, output, source_dir=source, config=config, card=card, dtype=dtype,
                                max_shard_bytes=max_shard_bytes, metadata={"merge_method": method},

@@ -170,7 +170,7 @@ def stack_files(slices: list, output: str, *, scale=None, naming: str | naming_l
   source = slices[0][0]
   has_config = os.path.isfile(os.path.join(tool._adapter_of(source)[0], hf.CONFIG))
   config = stacked_config(tool._adapter_of(source)[0], slices) if has_config else None
-  tool._check_output(output, overwrite)
+  tool.check_output(output, overwrite, tool.input_paths({"slices": models}))
   card = {"title": "layer stack", "method": "layer_stack", "slices": [list(s) for s in slices]}
   if scale is not None:
     card["scale"] = scale

@@ -59,13 +59,33 @@ def source_model(inputs: dict, roles: list[str], config_from: str | None = None)
   return None
 
 
-def _check_output(output: str, overwrite: bool) -> None:
-  """A non-empty output directory xlt did not write is replaced only when asked, checked once the
-  inputs are (hf.write_model_dir checks again as it renames), so no merge work is lost to it."""
-  if (not overwrite and os.path.isdir(output) and not os.path.islink(output) and os.listdir(output)
-      and not hf.is_xlt_output(output)):
-    raise ValueError(f"{output} is a non-empty directory that xlt did not write; replace it with --overwrite "
-                     "(overwrite=True from Python), or choose another output directory")
+def input_paths(inputs: dict) -> list[str]:
+  """Every file or directory the inputs ({role: path or list}) read: a "model+adapter" input's
+  model and its adapter."""
+  out = []
+  for v in inputs.values():
+    for p in v if isinstance(v, (list, tuple)) else [v]:
+      model, adapter = _adapter_of(p)
+      out += [model] + ([adapter] if adapter else [])
+  return out
+
+
+def check_output(output: str, overwrite: bool, inputs: list[str] = ()) -> None:
+  """Refuses an output that is an input, lies inside one or holds one (replacing it would delete
+  what the merge reads: never, even with overwrite), and an existing non-empty directory unless
+  `overwrite` (a user's earlier merge or fine-tuned expert is as precious as a directory xlt did
+  not write). Checked once the inputs are (hf.write_model_dir checks again as it renames), so no
+  merge work is lost to it; the old directory is deleted only once the new one is in place."""
+  out = os.path.realpath(output)
+  for p in inputs:
+    real = os.path.realpath(p)
+    if out == real or out.startswith(real.rstrip(os.sep) + os.sep) or real.startswith(out.rstrip(os.sep) + os.sep):
+      what = "is" if out == real else "is inside" if len(out) > len(real) else "holds"
+      raise ValueError(f"the output {output} {what} the input {p}: writing it would destroy the input; "
+                       "choose another output directory")
+  if not overwrite and os.path.isdir(output) and not os.path.islink(output) and os.listdir(output):
+    raise ValueError(f"{output} is a non-empty directory; replace it with --overwrite (overwrite=True from Python), "
+                     "or choose another output directory")
 
 
 def merge_files(inputs: dict, method: str, output: str, options: dict | None = None, *,
@@ -85,7 +105,7 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
   naming: "auto", "hf", "xlt", a block prefix pattern ("gpt_neox.layers.{i}.") or a Naming;
     only methods that read blocks or rows need one (`registry.naming_for_method`).
   max_shard_bytes, dtype: as `hf.write_model_dir` takes them.
-  overwrite: replace `output` even when it is a non-empty directory xlt did not write.
+  overwrite: replace `output` when it is a non-empty directory (never an input, nor one holding one).
   vocab: what to do when the inputs' vocabularies differ (more rows in the embedding and
     head tensors of one input, e.g. a language expert with an extended tokenizer): None (an
     error naming the tensor), "base" or "union". When every input has tokenizer.json this is
@@ -117,7 +137,7 @@ def merge_files(inputs: dict, method: str, output: str, options: dict | None = N
   trees, source, config, files = _fitted(inputs, trees, labelled, roles, nm, source, config_from, vocab, tokenizer)
   labelled = _labelled(inputs, trees, ["base"] + roles)
   check_inputs(labelled, nm)
-  _check_output(output, overwrite)
+  check_output(output, overwrite, input_paths(inputs))
   merged = registry.merge(method, {r: trees[r] for r in roles}, options, naming=nm)
   card = {"title": f"{method} merge", "method": method, "inputs": inputs, "options": options}
   if vocab:
