@@ -78,7 +78,24 @@ def test_the_preregistration_names_every_claim_and_gate_once():
 
 
 def _studies():
-  return sorted(os.listdir(claims.STUDIES)) if os.path.isdir(claims.STUDIES) else []
+  """The claims studies' results files (a pilots' file holds structure verdicts: tests/test_pilots.py)."""
+  names = sorted(os.listdir(claims.STUDIES)) if os.path.isdir(claims.STUDIES) else []
+  return [n for n in names if json.load(open(os.path.join(claims.STUDIES, n))).get("stage") != "pilots"]
+
+
+def test_study_wide_holm_is_one_family_over_the_regimes_that_passed_their_gates():
+  claim = lambda i, p, rej: {"id": f"c{i}", "p": p, "holm_rejects": rej}
+  result = {"prereg": {"alpha": 0.05}, "regimes": [
+      {"depth": 6, "regime": 0, "gates_failed": [], "claims": [claim(0, 0.001, True), claim(1, 0.03, True)]},
+      {"depth": 6, "regime": 1, "gates_failed": ["the base"], "claims": [claim(0, 0.0001, True), claim(1, 0.5, False)]},
+      {"depth": 12, "regime": 0, "gates_failed": [], "claims": [claim(0, 0.018, True), claim(1, 0.2, False)]}]}
+  rows = claims.study_wide(result)
+  # four tested claims: 0.001 <= 0.05/4 rejects, 0.018 > 0.05/3 stops; the gated regime is not in the family
+  assert [(r["depth"], r["id"], r["study_rejects"]) for r in rows] == [
+      (6, "c0", True), (6, "c1", False), (12, "c0", False), (12, "c1", False)]
+  line = claims.study_wide_line(result)
+  assert "all 4 claims of the 2 regimes" in line and "rejects 1, against 3 per regime" in line
+  assert "no longer rejected: c1 at 6 blocks (p 0.0300), c0 at 12 blocks (p 0.0180)" in line
 
 
 @pytest.mark.parametrize("name", _studies())

@@ -195,6 +195,31 @@ def headline(regimes: list[dict], not_run: list[str]) -> str:
   return ". ".join(parts)
 
 
+def study_wide(result: dict) -> list[dict]:
+  """Holm's procedure over every claim of every regime that passed its gates (one family for the
+  whole study, beside the preregistered family per regime), from the recorded p-values:
+  [{"depth", "regime", "id", "p", "regime_rejects", "study_rejects"}] in the results' order."""
+  tested = [(r, c) for r in result["regimes"] if not r["gates_failed"] for c in r["claims"]]
+  rejected = stats.holm([c["p"] for _, c in tested], result["prereg"]["alpha"]) if tested else []
+  return [{"depth": r["depth"], "regime": r["regime"], "id": c["id"], "p": c["p"], "regime_rejects": c["holm_rejects"],
+           "study_rejects": bool(k)} for (r, c), k in zip(tested, rejected)]
+
+
+def study_wide_line(result: dict) -> str:
+  rows = study_wide(result)
+  if not rows:
+    return ""
+  lost = [f"{x['id']} at {x['depth']} blocks (p {x['p']:.4f})" for x in rows if x["regime_rejects"] and not x["study_rejects"]]
+  gained = [f"{x['id']} at {x['depth']} blocks" for x in rows if x["study_rejects"] and not x["regime_rejects"]]
+  regimes = len({(x["depth"], x["regime"]) for x in rows})
+  line = (f"Study-wide (secondary, not preregistered): Holm over all {len(rows)} claims of the {regimes} regimes that "
+          f"passed their gates rejects {sum(x['study_rejects'] for x in rows)}, against "
+          f"{sum(x['regime_rejects'] for x in rows)} per regime")
+  line += "; no longer rejected: " + ", ".join(lost) if lost else ""
+  line += "; newly rejected: " + ", ".join(gained) if gained else ""
+  return line + "."
+
+
 def grid_points(prereg: dict) -> list[str]:
   """The names of the grid points of the preregistered config (its `config`, a file of
   configs/), in the grid's order."""
@@ -255,6 +280,8 @@ def section(result: dict) -> str:
          "paired difference on the goal in points and its unadjusted 95% interval; δ is the task expert's relative "
          "delta.", "", table(result) if result["regimes"] else "No regime has finished yet.", "",
          f"![claims map](images/{result['study']}.png)" if result["regimes"] else ""]
+  if wide := study_wide_line(result):
+    out += ["", wide]
   if result["not_run"]:
     out += ["", "Not run yet: " + ", ".join(result["not_run"]) + "."]
   gated = [f"{r['depth']} blocks, lr {r['peak_lr']:g} × {r['finetune_steps']}: " + "; ".join(r["gates_failed"])
@@ -278,6 +305,8 @@ def render(doc: str = DOC, studies: str = STUDIES, write: bool = True) -> str:
   for name in sorted(os.listdir(studies)) if os.path.isdir(studies) else []:
     with open(os.path.join(studies, name), encoding="utf-8") as f:
       result = json.load(f)
+    if result.get("stage") == "pilots":  # a structure panel (xlt.pilots renders it), no claims
+      continue
     sections.append(section(result))
     if write and result["regimes"]:
       plot(result, os.path.join(os.path.dirname(doc), "images", f"{result['study']}.png"))
