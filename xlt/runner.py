@@ -41,7 +41,7 @@ from xlt import experiments
 from xlt import loop as loop_lib
 from xlt import model as model_lib
 from xlt import results as results_lib
-from xlt.experiments import common
+from xlt.experiments import common, numbers
 
 
 def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None, mesh=None) -> list[dict]:
@@ -51,6 +51,7 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   (a bad data file, a config the kind refuses) releases the workdir it claimed
   (`release_claim`), so the corrected command can use it."""
   c = experiments.with_kind(c)  # an unknown kind or task fails before anything is written
+  numbers.check(c)  # so does a nonsense number (a negative or NaN learning rate, ...)
   kind = experiments.kind(c)
   workdir = os.path.abspath(workdir)
   created = not os.path.exists(workdir)
