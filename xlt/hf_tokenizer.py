@@ -59,10 +59,13 @@ def _json(model_dir: str, name: str, limit: int = MAX_CONFIG_BYTES):
   if not os.path.isfile(path):
     return None
   try:
-    return json.loads(_read(path, limit))
+    out = json.loads(_read(path, limit))
   except json.JSONDecodeError as e:
     what, line, column = fileio.json_fault(e)
     raise TokenizerError(f"{path} is not valid JSON: {what} at line {line} column {column}") from None
+  if not isinstance(out, dict):  # every file read here is an object of settings
+    raise TokenizerError(f"{path} holds a JSON {type(out).__name__}, not an object ({{\"key\": value, ...}})")
+  return out
 
 
 def _content(token):

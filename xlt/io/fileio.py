@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import tempfile
 from typing import IO, Iterator
 
@@ -49,10 +50,25 @@ def write_text(path: str, text: str) -> None:
     f.write(text)
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def check_regular(path: str, error: type[Exception] = ValueError) -> os.stat_result:
+  """`path`'s stat, after checking it is a regular file (a link to one is): opening a FIFO
+  waits for a writer forever and a device reads without end, so neither is ever opened."""
+  st = os.stat(path)
+  if not stat.S_ISREG(st.st_mode):
+    kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+    raise error(f"{path} is {kind}, not a regular file")
+  return st
+
+
 def check_size(path: str, limit: int, error: type[Exception] = ValueError, why: str = "") -> int:
-  """The size of `path`, a file a user brought, after checking it is at most `limit` bytes:
-  its reader then never holds more than that (`error`: the caller's one-line error type)."""
-  size = os.path.getsize(path)
+  """The size of `path`, a file a user brought, after checking it is a regular file of at most
+  `limit` bytes: its reader then never holds more than that, nor waits on a FIFO (`error`: the
+  caller's one-line error type)."""
+  size = check_regular(path, error).st_size
   if size > limit:
     raise error(f"{path} is {size} bytes, over the {limit}-byte limit{why}")
   return size

@@ -164,7 +164,7 @@ def checkpoint_files(path: str) -> list[str]:
 def _header(file: str) -> tuple[dict, int]:
   """(the JSON header of a safetensors file, where its tensors' bytes start), checked against
   the file's size: a truncated or foreign file is a ValueError here, before any merge starts."""
-  size = os.path.getsize(file)
+  size = fileio.check_regular(file).st_size  # a FIFO named model.safetensors would block the open
   with open(file, "rb") as f:
     head = f.read(8)
     n = struct.unpack("<Q", head)[0] if len(head) == 8 else None
