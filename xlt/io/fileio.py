@@ -29,6 +29,7 @@ def atomic_open(path: str, mode: str = "wb") -> Iterator[IO]:
   os.makedirs(directory, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix="_" + os.path.basename(path))
   try:
+    os.fchmod(fd, _mode_for(path))  # mkstemp's 0600 would make results readable by their owner alone
     with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
       yield f
       f.flush()
@@ -38,6 +39,28 @@ def atomic_open(path: str, mode: str = "wb") -> Iterator[IO]:
     with contextlib.suppress(FileNotFoundError):
       os.unlink(tmp)
     raise
+
+
+def _umask() -> int:
+  """The process's umask, read without changing it where Linux says it (os.umask can only set it:
+  setting and restoring it would race with other threads creating files)."""
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("Umask:"):
+          return int(line.split()[1], 8)
+  except (OSError, ValueError):
+    pass
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return mask
+
+
+def _mode_for(path: str) -> int:
+  try:
+    return stat.S_IMODE(os.stat(path).st_mode)
+  except OSError:  # a new file
+    return 0o666 & ~_umask()
 
 
 def write_bytes(path: str, data: bytes) -> None:
