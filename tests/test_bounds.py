@@ -68,10 +68,11 @@ def test_the_bombs_stay_under_a_memory_limit():
 def test_ordinary_templates_render_as_before():
   template = ("{{ bos_token }}{% for m in messages %}<{{ m['role'] ~ '>' }}{{ m['content'] | trim }}{% endfor %}"
               "{{ [1, 2] + [3] }}{{ 'ab' * 2 }}{{ '%s-%d' % ('a', 3) }}{{ '{}!'.format(2) }}{{ range(3)|list }}"
+              "{{ ' cutoff 20231201 %s' % 'x' }}{{ ' {}: 20231201'.format('y') }}"  # long digits outside a spec
               "{% if add_generation_prompt %}<assistant>{% endif %}")
   out = chat_template.render(chat_template.compile(template), messages=chat_template.SAMPLE, bos_token="<s>",
                              add_generation_prompt=True)
-  assert out == "<s><user>Hello<assistant>Hi<user>2 + 2?[1, 2, 3]ababa-32![0, 1, 2]<assistant>"
+  assert out == "<s><user>Hello<assistant>Hi<user>2 + 2?[1, 2, 3]ababa-32![0, 1, 2] cutoff 20231201 x y: 20231201<assistant>"
 
 
 def _model_with(tmp_path, template: str) -> str:

@@ -51,7 +51,10 @@ class BoundError(SecurityError):
   """A chat template built (or was about to build) past a bound: the sandbox stopped it."""
 
 
-_BIG_WIDTH = re.compile(r"\d{%d,}" % len(str(MAX_VALUE)))
+# a width or precision of as many digits as MAX_VALUE has, in a `%` spec or a str.format field
+_DIGITS = len(str(MAX_VALUE))
+_PERCENT_WIDTH = re.compile(r"%%(?:\([^)]*\))?[#0 +-]*(?:\d{%d,}|\d*\.\d{%d,})" % (_DIGITS, _DIGITS))
+_FORMAT_WIDTH = re.compile(r"\{[^{}]*:[^{}]*\d{%d,}[^{}]*\}" % _DIGITS)
 
 
 def _size(x) -> int:
@@ -89,7 +92,7 @@ def _binop_size(op: str, a, b) -> int:
     return _size(a) + _size(b)
   elif op == "%" and isinstance(a, str):
     _check_ints(b if isinstance(b, tuple) else (b,))
-    if _BIG_WIDTH.search(a):
+    if _PERCENT_WIDTH.search(a):
       raise BoundError(f"a format width is over the {MAX_VALUE:,} limit")
     return len(a)
   return 0
@@ -133,7 +136,7 @@ class _Bounded(ImmutableSandboxedEnvironment):
 
 def _check_str_method(s: str, name: str, args) -> None:
   """The size a string method may build, before it builds it (its int arguments are checked)."""
-  if name in ("format", "format_map") and _BIG_WIDTH.search(s):
+  if name in ("format", "format_map") and _FORMAT_WIDTH.search(s):
     raise BoundError(f"a format width is over the {MAX_VALUE:,} limit")
   if name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
     _charge(len(s) + (s.count(args[0]) if args[0] else len(s) + 1) * len(args[1]), "a string (`replace`)")
