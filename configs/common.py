@@ -53,7 +53,7 @@ def mesh(**overrides) -> ml_collections.ConfigDict:
 
 
 def lm_eval(**overrides) -> ml_collections.ConfigDict:
-  """How `eval.tasks` (lm-eval task names, xlt.eval.scores) run: num_fewshot < 0 and limit 0 keep
+  """How `eval.tasks` (lm-eval task names, xlt.eval.scores) run: num_fewshot -1 and limit 0 keep
   the task's own; metadata is JSON passed to the task configs (e.g. {"mgsm_dir": ...})."""
   return _dict(dict(batch_size=16, num_fewshot=-1, limit=0.0, include_path="", metadata="", max_gen_toks=256),
                overrides)

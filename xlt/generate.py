@@ -324,6 +324,8 @@ def run(argv: list[str]) -> dict | None:
     raise UserError("give --prompts (with --output) or --perplexity")
   if args.prompts is not None and not args.output:
     raise UserError("--prompts needs --output")
+  if args.match != "exact" and args.answers is None:  # else it would score nothing, silently
+    raise UserError(f"--match={args.match} scores continuations against --answers: give --answers=FILE")
   if args.max_new < 1 or args.batch < 1 or (args.block is not None and args.block < 1):
     raise UserError(f"--max_new, --batch and --block must be positive, got {args.max_new}, {args.batch}, {args.block}")
   if not os.path.isdir(args.model):

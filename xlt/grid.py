@@ -24,6 +24,7 @@ from xlt import runner
 from xlt import results as results_lib
 from xlt import workdir_lock
 from xlt import workers as workers_lib
+from xlt.experiments import numbers
 
 
 def point_config(c, point: dict):
@@ -44,6 +45,10 @@ def point_config(c, point: dict):
       if path and last not in target:
         raise ValueError(f"grid point {point.get('name')!r}: unknown config field {key!r}")
       target[last] = value
+  try:
+    numbers.check(sub)  # a nonsense number at any point fails before the first point trains
+  except ValueError as e:
+    raise ValueError(f"grid point {point.get('name')!r}: {e}") from None
   return sub
 
 

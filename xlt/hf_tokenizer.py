@@ -16,13 +16,13 @@ several) and the tokenizer's EOS.
 
 Model directories are untrusted downloads: files are read as JSON, text or a sentencepiece
 protobuf (never pickle), each size-checked before it is read, and chat templates render in
-jinja2's immutable sandbox with the helpers transformers gives them (`raise_exception`,
-`strftime_now`, a `tojson` that does not escape HTML).
+jinja2's immutable sandbox, bounded in what they may build (xlt.io.chat_template: `'x' * 10**10`
+is one line, not the machine's memory), with the helpers transformers gives them
+(`raise_exception`, `strftime_now`, a `tojson` that does not escape HTML).
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import re
@@ -59,10 +59,13 @@ def _json(model_dir: str, name: str, limit: int = MAX_CONFIG_BYTES):
   if not os.path.isfile(path):
     return None
   try:
-    return json.loads(_read(path, limit))
+    out = json.loads(_read(path, limit))
   except json.JSONDecodeError as e:
     what, line, column = fileio.json_fault(e)
     raise TokenizerError(f"{path} is not valid JSON: {what} at line {line} column {column}") from None
+  if not isinstance(out, dict):  # every file read here is an object of settings
+    raise TokenizerError(f"{path} holds a JSON {type(out).__name__}, not an object ({{\"key\": value, ...}})")
+  return out
 
 
 def _content(token):
@@ -142,51 +145,16 @@ def template_error(source: str, error: Exception) -> TokenizerError:
   return TokenizerError(f"{source}: the chat template failed on the conversation: {message}")
 
 
-def _generation_extension():
-  import jinja2.ext
-  import jinja2.nodes
-
-  class Generation(jinja2.ext.Extension):
-    """`{% generation %}...{% endgeneration %}` (transformers marks the assistant's tokens with
-    it, for training masks): parsed, and rendered as its body."""
-    tags = {"generation"}
-
-    def parse(self, parser):
-      lineno = next(parser.stream).lineno
-      body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-      return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-    def _body(self, caller):
-      return caller()
-
-  return Generation
-
-
 def compile_template(template: str):
-  """`template` compiled in jinja2's immutable sandbox with transformers' globals and filters
-  (templates can read what they are given, not change it or reach Python's internals)."""
+  """`template` compiled in the bounded immutable sandbox (xlt.io.chat_template: templates can
+  read what they are given, not change it, reach Python's internals or build past a size bound)."""
   import jinja2
-  import jinja2.ext
-  from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-  _Generation = _generation_extension()
 
   if tuple(int(x) for x in re.findall(r"\d+", jinja2.__version__)[:3]) < (3, 1, 6):
     # older versions have known sandbox escapes (transformers refuses them too)
     raise TokenizerError(f"chat templates need jinja2 >= 3.1.6, found {jinja2.__version__}")
-
-  def raise_exception(message):
-    raise jinja2.exceptions.TemplateError(message)
-
-  def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-  env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                      extensions=[_Generation, jinja2.ext.loopcontrols])
-  env.filters["tojson"] = tojson
-  env.globals["raise_exception"] = raise_exception
-  env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-  return env.from_string(template)
+  from xlt.io import chat_template as bounded
+  return bounded.compile(template)
 
 
 class Tokenizer:
@@ -229,8 +197,9 @@ class Tokenizer:
     try:
       if self._compiled is None:
         self._compiled = compile_template(self.template)
-      return self._compiled.render(messages=list(messages), **{**self.special, **kwargs,
-                                                                "add_generation_prompt": add_generation_prompt})
+      from xlt.io import chat_template as bounded
+      return bounded.render(self._compiled, messages=list(messages), **{**self.special, **kwargs,
+                                                                        "add_generation_prompt": add_generation_prompt})
     except TokenizerError:
       raise
     except Exception as e:  # noqa: BLE001  (whatever a template does wrong is one line naming it)

@@ -294,6 +294,7 @@ def _log_previous(run: _Run, ls: LoopState):
     return
   p_step, p_live, p_metrics = ls.pending
   loss, gnorm = np.asarray(p_metrics["loss"]), np.asarray(p_metrics["grad_norm"])
+  _check_loss(run, p_step, p_live, loss)
   rate = _close_window(run, ls)
   ls.tok_s = ls.tok_s if rate is None else rate
   for j, i in enumerate(p_live):
@@ -332,6 +333,8 @@ def _evaluate_and_stop(run: _Run, ls: LoopState):
   # devices share one thread pool, and a collective left waiting beside another
   # program's once aborted a run (rendezvous timeout) on a busy 2-core machine
   jax.block_until_ready(ls.sub)
+  if ls.pending is not None:  # the step just finished: its loss is read at no extra wait
+    _check_loss(run, ls.pending[0], ls.pending[1], np.asarray(ls.pending[2]["loss"]))
   _close_window(run, ls)
   ls.timer = None  # evaluation time is not training time
   ls.state = _merged(run, ls)
@@ -347,6 +350,20 @@ def _evaluate_and_stop(run: _Run, ls: LoopState):
   ls.state = jax.device_put({**ls.state, "active": active}, run.state_sh)
   ls.live, ls.sub = _split(ls.state)
   run.writer.flush()
+
+
+class Diverged(ValueError):
+  """A member's training loss became NaN or infinite: the stage stops, saying so (its scores
+  would be those of NaN parameters, an accuracy of 0 that is no result)."""
+
+
+def _check_loss(run: _Run, step: int, live, loss: np.ndarray) -> None:
+  """Called only where the loss is on the host already (a log line, an evaluation, the end),
+  so a healthy run gains no wait on the device."""
+  if bad := [j for j in range(len(live)) if not np.isfinite(loss[j])]:
+    name = run.members[live[bad[0]]].name
+    raise Diverged(f"{run.bar.desc}: training diverged: {name}'s loss is {float(loss[bad[0]])} at step {step} "
+                   "(its parameters are no model; a lower opt.peak_lr or opt.clip may help)")
 
 
 def _stop_note(run: _Run, ls: LoopState, i: int, score: float) -> str:
@@ -377,6 +394,8 @@ def _finish(run: _Run, ls: LoopState) -> dict:
     _close_window(run, ls)
   ls.state = _merged(run, ls)
   run.bar.close()
+  if ls.pending is not None:  # the last step's loss, once, before its state is the final checkpoint
+    _check_loss(run, ls.pending[0], ls.pending[1], np.asarray(ls.pending[2]["loss"]))
   finished = ls.step >= run.t.steps or not len(ls.live)
   if ls.step < run.t.steps and not len(ls.live) and run.bar.started is not None:  # (this call trained)
     run.bar.note(f"{run.bar.desc}: ends at step {ls.step} of {run.t.steps}: every model stopped early")

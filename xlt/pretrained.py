@@ -243,7 +243,34 @@ def load(path: str, *, mesh=None, rules=None, dtype: str | None = None, dense_la
              maps.items()]
     for (leaf, m), host in zip(maps.items(), copier.buffers(specs)):
       out[leaf] = _place(cfg, leaf, m, sources[leaf], shapes[leaf], host, wheres[leaf], mapped, copier)
+  check_finite(out, maps, path)
   return cfg, _nest(out)
+
+
+@functools.lru_cache(maxsize=8)
+def _finite_fn(stacks: tuple):
+  """One jitted program over every leaf: whether each is finite (per Hugging Face tensor of a
+  stacked leaf: every axis but `stack` reduced)."""
+  stack_of = dict(stacks)
+
+  def finite(tree):
+    return {k: jnp.all(jnp.isfinite(x), axis=tuple(a for a in range(x.ndim) if a != stack_of[k]))
+            for k, x in tree.items()}
+
+  return jax.jit(finite)
+
+
+def check_finite(params: dict, maps: dict, path: str) -> None:
+  """A ValueError naming the first Hugging Face tensor of `path` that holds a NaN or an
+  infinity, which would otherwise pass silently through fine-tuning, decoding and merging:
+  one reduction per tensor on the devices that hold it, one small transfer back."""
+  floats = {k: x for k, x in params.items() if jnp.issubdtype(x.dtype, jnp.floating)}
+  stacks = tuple(sorted((k, maps[k].stack) for k in floats))
+  ok = jax.device_get(_finite_fn(stacks)(floats))
+  for leaf, m in maps.items():
+    if leaf in ok and not np.all(ok[leaf]):
+      bad = m.names[int(np.argmin(np.atleast_1d(ok[leaf])))]
+      raise ValueError(f"{path}: tensor {bad} holds NaN or infinite values")
 
 
 def vocab_padding(vocab: int, mesh, rules=sharding.DEFAULT_RULES) -> int:

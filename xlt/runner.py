@@ -42,7 +42,7 @@ from xlt import loop as loop_lib
 from xlt import model as model_lib
 from xlt import results as results_lib
 from xlt import workdir_lock
-from xlt.experiments import common
+from xlt.experiments import common, numbers
 
 
 def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None, mesh=None) -> list[dict]:
@@ -53,6 +53,7 @@ def run(c, workdir: str, *, progress: bool = True, stop_after: int | None = None
   (`release_claim`), so the corrected command can use it. Another process running in
   `workdir` meanwhile is refused (xlt.workdir_lock), and so is a workdir that cannot be one."""
   c = experiments.with_kind(c)  # an unknown kind or task fails before anything is written
+  numbers.check(c)  # so does a nonsense number (a negative or NaN learning rate, ...)
   kind = experiments.kind(c)
   created = bool(str(workdir).strip()) and not os.path.lexists(os.path.abspath(workdir))
   with workdir_lock.hold(workdir) as workdir:  # one run per workdir: another process is refused

@@ -50,11 +50,12 @@ def evaluate(model_dir: str, tasks: list[str], *, batch: int = 16, mesh: str | N
   directory `model_dir`, run by xlt's backend."""
   from xlt.eval import scores
 
+  options = scores.Options(batch=batch, num_fewshot=num_fewshot, limit=limit, include_path=include_path,
+                           metadata=metadata, max_gen_toks=max_gen_toks)  # a nonsense number: one line, first
   if not scores.available():
     raise UserError("lm-eval is not installed (pip install 'xlt[eval]')")
   from xlt.eval import harness
 
-  options = scores.Options(num_fewshot=num_fewshot, limit=limit, include_path=include_path, metadata=metadata)
   try:
     manager = scores.check(tasks, options, where="--tasks")
   except ValueError as e:
@@ -92,6 +93,9 @@ def run(argv: list[str], cpu_devices: bool = False) -> dict:
   record = {"model": args.model, "results": out["results"], "configs": out.get("configs", {})}
   if args.output:
     fileio.write_text(args.output, json.dumps(record, indent=1, default=str) + "\n")
+    print(f"scores written to {os.path.abspath(args.output)}")
+  else:
+    print("scores not written to a file (--output=FILE writes them as JSON)")
   return record
 
 

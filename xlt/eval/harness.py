@@ -19,6 +19,9 @@ dense_layout (kernel or weight: xlt.model.Config.dense_layout; default xlt.decod
 
 from __future__ import annotations
 
+import inspect
+import sys
+
 import jax
 import jax.numpy as jnp
 from lm_eval.api.model import TemplateLM
@@ -54,6 +57,18 @@ class XltLM(TemplateLM):
     batch = 16 if str(batch_size).startswith("auto") else int(batch_size)
     self._setup(cfg, params, hf_tokenizer.load(str(pretrained), chat_template), mesh, batch, max_length,
                 max_gen_toks, str(pretrained))
+
+  @classmethod
+  def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+    """lm-eval's constructor from --model_args, after checking its keys: an unknown one (a
+    typo, an hf backend's option) is one line naming it, not a TypeError's traceback."""
+    check_model_args([kv.split("=", 1)[0].strip() for kv in str(arg_string or "").split(",") if kv.strip()])
+    return super().create_from_arg_string(arg_string, additional_config)
+
+  @classmethod
+  def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+    check_model_args(list(arg_dict or {}))
+    return super().create_from_arg_obj(arg_dict, additional_config)
 
   def _setup(self, cfg, params, tok, mesh, batch, max_length, max_gen_toks, name):
     self._tok = tok
@@ -153,7 +168,21 @@ class XltLM(TemplateLM):
     return {"model": self._name, "backend": "xlt"}
 
 
+class ModelArgsError(ValueError):
+  """A --model_args key that XltLM does not take (one line, exit 2 from the command line)."""
+
+
+def check_model_args(keys) -> None:
+  accepted = [p for p in inspect.signature(XltLM.__init__).parameters if p != "self"]
+  if unknown := [k for k in keys if k not in accepted]:
+    raise ModelArgsError(f"model_args: unknown key {unknown[0]!r}; the xlt model takes {', '.join(accepted)}")
+
+
 if __name__ == "__main__":  # lm-eval's own command line, with "xlt" registered
   from lm_eval.__main__ import cli_evaluate
 
-  cli_evaluate()
+  try:
+    cli_evaluate()
+  except ModelArgsError as e:
+    print(f"xlt.eval.harness: error: {e}", file=sys.stderr)
+    sys.exit(2)

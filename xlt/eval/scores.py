@@ -32,14 +32,24 @@ class Options:
   max_gen_toks: int = 256
   mesh: str | None = None
 
+  def __post_init__(self):
+    # every route (xlt.eval, the kinds' c.eval.lm_eval, merge_search) builds these: checked once
+    if self.num_fewshot is not None and not (isinstance(self.num_fewshot, int) and self.num_fewshot >= 0):
+      raise ValueError(f"num_fewshot must be 0 or more (unset: the task's own), got {self.num_fewshot!r}")
+    if self.limit is not None and not (0 < self.limit < float("inf")):
+      raise ValueError(f"limit must be a positive number of documents or fraction of them, got {self.limit!r}")
+    for name in ("batch", "max_gen_toks"):
+      if not (isinstance(getattr(self, name), int) and getattr(self, name) > 0):
+        raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+
   @classmethod
   def from_config(cls, e) -> Options:
-    """From a ConfigDict (num_fewshot < 0, limit 0, "" mean unset; metadata a JSON string)."""
+    """From a ConfigDict (num_fewshot -1, limit 0, "" mean unset; metadata a JSON string)."""
     try:
       metadata = json.loads(e.metadata) if e.metadata else None
     except json.JSONDecodeError as err:
       raise ValueError(f"eval.lm_eval.metadata is not JSON: {err.msg}") from None
-    return cls(batch=int(e.batch_size), num_fewshot=None if e.num_fewshot < 0 else int(e.num_fewshot),
+    return cls(batch=int(e.batch_size), num_fewshot=None if e.num_fewshot == -1 else e.num_fewshot,
                limit=float(e.limit) or None, include_path=e.include_path or None, metadata=metadata,
                max_gen_toks=int(e.max_gen_toks), mesh=e.get("mesh") or None)
 

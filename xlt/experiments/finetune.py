@@ -282,6 +282,8 @@ def _memory(c, cfg, shapes, recipes) -> dict:
         f"{f' (x {together}: they train together)' if together > 1 else ''}\n{memory.format(est)}", flush=True)
   if c.device_memory_gb:
     memory.check_fits(est, int(c.device_memory_gb * (1 << 30)) // together)
+  if any(r.variant == "lora" for r in recipes):  # its own figures: it trains the adapters alone
+    print(_lora_memory(c, cfg, shapes, mesh), flush=True)
   try:
     device = (mesh.devices.flat[0].memory_stats() or {}).get("bytes_limit")
   except Exception:  # noqa: BLE001  (a backend without memory statistics)
@@ -290,6 +292,16 @@ def _memory(c, cfg, shapes, recipes) -> dict:
     raise ValueError(f"{c.base}: its parameters alone take {est['params'] / (1 << 30):.2f} GiB per device, over the "
                      f"device's {device / (1 << 30):.2f} GiB: shard them (mesh.fsdp) or use more devices")
   return est
+
+
+def _lora_memory(c, cfg, shapes, mesh) -> str:
+  """The estimate of one LoRA model (adapters on every projection, `c.lora`'s rank and optimizer)."""
+  from xlt import lora
+  adapters = jax.eval_shape(lambda p: lora.init(p, jax.random.key(0), rank=c.lora.rank, alpha=c.lora.alpha), shapes)
+  est = memory.estimate(cfg, {"base": shapes, "lora": adapters}, train_lib.make_optimizer(c.lora.opt), mesh,
+                        batch=c.lora.train.batch_size, seq=c.data.block_size, grad_accum=c.lora.train.grad_accum)
+  return f"finetune: estimated memory of one LoRA model (rank {c.lora.rank}: adapters only trained)\n" + \
+      memory.format(est)
 
 
 # --------------------------------------------------------------------------- stages

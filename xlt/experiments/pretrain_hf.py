@@ -210,6 +210,16 @@ def exact_match(c, cfg, params, tok, path: str) -> float:
   return float(np.mean([g["continuation"].strip() == r["answer"] for g, r in zip(got, records)]))
 
 
+def scored_prompts(c, path: str) -> str:
+  """Which prompts of `path` `exact_match` scores, in words: the finetune kind's table scores
+  every prompt, this one the first `c.eval.num_prompts`, which may be one operation's alone."""
+  records, _ = generate_lib.read_prompts(path)
+  n = min(c.eval.num_prompts, len(records))
+  sets = list(dict.fromkeys(str(r.get("set")) for r in records[:n]))
+  part = f"all {n} prompts" if n == len(records) else f"the first {n} of {len(records)} prompts"
+  return f"{part}, {sets[0]} only" if len(sets) == 1 and n < len(records) else f"{part} ({', '.join(sets)})"
+
+
 def outputs(c, prep: Prep, trained: dict, workdir: str):
   """Saves the model in workdir/hf (model_type llama) and scores it."""
   t = trained["base"]
@@ -227,8 +237,10 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
   rows = [results_lib.make_row(experiment=c.name, task=c.task, language="both", role=k.partition("/")[2] or "base",
                                condition="base", metric=k.partition("/")[0], values=[v], samples=None)
           for k, v in scores.items()]
+  scored = {f"exact_match/{name}": scored_prompts(c, prep.files[name]) for name in PROMPT_SETS if c.eval.num_prompts}
   lines = [f"{c.name}: a Llama-shaped base pretrained on the merge testbed's base mixture, saved in {hf_dir}", "",
-           "| metric | value |", "|---|---|"] + [f"| {k} | {v:.4f} |" for k, v in scores.items()]
+           "| metric | value | scored on |", "|---|---|---|"] + [
+      f"| {k} | {v:.4f} | {scored.get(k, 'the validation split')} |" for k, v in scores.items()]
   summary = {"hf": hf_dir, "data": prep.files, "params": model_lib.count_params(params), "scores": scores,
              "best_step": t.out["best_steps"][0], "base_data": prep.data.counts}
   return rows, "\n".join(lines) + "\n", summary

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import tempfile
 from typing import IO, Iterator
 
@@ -28,6 +29,7 @@ def atomic_open(path: str, mode: str = "wb") -> Iterator[IO]:
   os.makedirs(directory, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix="_" + os.path.basename(path))
   try:
+    os.fchmod(fd, _mode_for(path))  # mkstemp's 0600 would make results readable by their owner alone
     with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
       yield f
       f.flush()
@@ -37,6 +39,28 @@ def atomic_open(path: str, mode: str = "wb") -> Iterator[IO]:
     with contextlib.suppress(FileNotFoundError):
       os.unlink(tmp)
     raise
+
+
+def _umask() -> int:
+  """The process's umask, read without changing it where Linux says it (os.umask can only set it:
+  setting and restoring it would race with other threads creating files)."""
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("Umask:"):
+          return int(line.split()[1], 8)
+  except (OSError, ValueError):
+    pass
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return mask
+
+
+def _mode_for(path: str) -> int:
+  try:
+    return stat.S_IMODE(os.stat(path).st_mode)
+  except OSError:  # a new file
+    return 0o666 & ~_umask()
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -49,10 +73,25 @@ def write_text(path: str, text: str) -> None:
     f.write(text)
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def check_regular(path: str, error: type[Exception] = ValueError) -> os.stat_result:
+  """`path`'s stat, after checking it is a regular file (a link to one is): opening a FIFO
+  waits for a writer forever and a device reads without end, so neither is ever opened."""
+  st = os.stat(path)
+  if not stat.S_ISREG(st.st_mode):
+    kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+    raise error(f"{path} is {kind}, not a regular file")
+  return st
+
+
 def check_size(path: str, limit: int, error: type[Exception] = ValueError, why: str = "") -> int:
-  """The size of `path`, a file a user brought, after checking it is at most `limit` bytes:
-  its reader then never holds more than that (`error`: the caller's one-line error type)."""
-  size = os.path.getsize(path)
+  """The size of `path`, a file a user brought, after checking it is a regular file of at most
+  `limit` bytes: its reader then never holds more than that, nor waits on a FIFO (`error`: the
+  caller's one-line error type)."""
+  size = check_regular(path, error).st_size
   if size > limit:
     raise error(f"{path} is {size} bytes, over the {limit}-byte limit{why}")
   return size

@@ -132,10 +132,10 @@ def read_model_dir(path: str) -> tuple[dict, dict]:
   if not os.path.isdir(path):
     raise FileNotFoundError(f"{path} is not a directory (a Hugging Face model directory holds config.json and "
                             "model.safetensors)")
-  cfg = _read_json(os.path.join(path, CONFIG))
+  cfg = _read_json(os.path.join(path, CONFIG), dict)
   index = os.path.join(path, INDEX)
   if os.path.exists(index):
-    weight_map = _read_json(index).get("weight_map")
+    weight_map = _read_json(index, dict).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(f, str) for f in weight_map.values()):
       raise ValueError(f"{index} has no weight_map (tensor name -> shard file name)")
     tensors = {}
@@ -389,7 +389,7 @@ def _config(source_dir: str | None, config: dict | None) -> dict:
     cfg, where = dict(config), "the given config"
   elif source_dir is not None:
     where = os.path.join(source_dir, CONFIG)
-    cfg = _read_json(where)
+    cfg = _read_json(where, dict)
   else:
     raise ValueError("write_model_dir needs source_dir (a model directory with config.json) or config (a dict)")
   for key in ("model_type", "architectures"):
@@ -399,9 +399,11 @@ def _config(source_dir: str | None, config: dict | None) -> dict:
   return cfg
 
 
-def _read_json(file: str):
+def _read_json(file: str, kind: type | None = None):
+  """The JSON of `file` (`kind`: the type its top level must be, e.g. dict for a config)."""
   if not os.path.exists(file):
     raise FileNotFoundError(f"{file} does not exist")
+  fileio.check_regular(file)
 
   def no_duplicates(pairs):  # json.loads keeps the last of two equal keys without a word
     keys = [k for k, _ in pairs]
@@ -412,10 +414,13 @@ def _read_json(file: str):
 
   with open(file, encoding="utf-8") as f:
     try:
-      return json.load(f, object_pairs_hook=no_duplicates)
+      out = json.load(f, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as e:
       what, line, column = fileio.json_fault(e)
       raise ValueError(f"{file} is not valid JSON ({what} at line {line} column {column})") from None
+  if kind is dict and not isinstance(out, dict):
+    raise ValueError(f"{file} holds a JSON {type(out).__name__}, not an object ({{\"key\": value, ...}})")
+  return out
 
 
 def _check_tensors(tensors) -> None:

@@ -63,13 +63,15 @@ class LazyTensor:
   def __array__(self, dtype=None, copy=None):
     if self.offset is not None:
       x = self._read()
-      return x if dtype is None else x.astype(dtype)
-    from safetensors import safe_open
-    try:
-      with safe_open(self.file, framework="numpy") as f:
-        x = f.get_tensor(self.name)
-    except Exception as e:  # safetensors' own error types: one line naming the file and tensor
-      raise ValueError(f"{self.file}: tensor {self.name} could not be read ({' '.join(str(e).split())})") from e
+    else:
+      from safetensors import safe_open
+      try:
+        with safe_open(self.file, framework="numpy") as f:
+          x = f.get_tensor(self.name)
+      except Exception as e:  # safetensors' own error types: one line naming the file and tensor
+        raise ValueError(f"{self.file}: tensor {self.name} could not be read ({' '.join(str(e).split())})") from e
+    if not finite(x):  # a NaN would pass silently through every merge into the output
+      raise ValueError(f"{self.file}: tensor {self.name} holds NaN or infinite values")
     return x if dtype is None else x.astype(dtype)
 
   def _read(self) -> np.ndarray:
@@ -86,6 +88,18 @@ class LazyTensor:
 
   def __repr__(self):
     return f"LazyTensor({self.name!r}, {self.shape}, {self.dtype}, {os.path.basename(self.file)})"
+
+
+_FINITE_CHUNK = 1 << 22  # elements per isfinite pass: its temporary is 4 MiB, whatever the tensor
+
+
+def finite(x: np.ndarray) -> bool:
+  """Whether the array holds no NaN and no infinity (True for any non-float dtype): one pass,
+  in chunks, so the check never allocates a temporary the size of the tensor."""
+  if not (np.issubdtype(x.dtype, np.floating) or x.dtype in _BF16.values()):
+    return True
+  flat = x.reshape(-1)
+  return all(np.isfinite(flat[i:i + _FINITE_CHUNK]).all() for i in range(0, flat.size, _FINITE_CHUNK))
 
 
 def aligned_empty(shape, dtype, alignment: int = 64) -> np.ndarray:
@@ -150,7 +164,7 @@ def checkpoint_files(path: str) -> list[str]:
 def _header(file: str) -> tuple[dict, int]:
   """(the JSON header of a safetensors file, where its tensors' bytes start), checked against
   the file's size: a truncated or foreign file is a ValueError here, before any merge starts."""
-  size = os.path.getsize(file)
+  size = fileio.check_regular(file).st_size  # a FIFO named model.safetensors would block the open
   with open(file, "rb") as f:
     head = f.read(8)
     n = struct.unpack("<Q", head)[0] if len(head) == 8 else None

@@ -1,7 +1,9 @@
 """mergekit's `chat_template:` for a merge's output: the Jinja text itself, or "auto" (the
-template most of the inputs carry, as mergekit picks it). The template is parsed in jinja2's
-sandbox before it is written (a syntax error is one line, before any merge work is lost to it)
-and written as the output's chat_template.jinja, which transformers reads; a chat_template
+template most of the inputs carry, as mergekit picks it). The template is rendered once on a
+sample conversation in the bounded sandbox chat models' templates render in (xlt.io.chat_template)
+before any merge work: a syntax error, a sandbox escape, a `raise_exception` or a template that
+builds past the bounds (`range(10**9)`, `'x' * 10**10`) is one line, never an output that fails
+for its users. It is written as the output's chat_template.jinja, which transformers reads; a chat_template
 entry of the copied tokenizer_config.json is dropped so the two cannot disagree. mergekit's
 named templates (chatml, llama3, ...) are its own files: give their text instead.
 """
@@ -12,7 +14,7 @@ import collections
 import json
 import os
 
-from xlt.io import fileio
+from xlt.io import chat_template, fileio
 
 JINJA = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -48,16 +50,27 @@ def resolve(template: str, models: list[str]) -> str | None:
   `models` (None when none has one), anything else the template's own text, checked."""
   if template == "auto":
     found = [t.strip() for t in (template_of(m) for m in models) if t]
-    return collections.Counter(found).most_common(1)[0][0] if found else None
+    return check(collections.Counter(found).most_common(1)[0][0]) if found else None
   if "{" not in template:
     raise ValueError(f"chat_template: {template!r} is neither Jinja text nor auto (mergekit's named templates "
                      "are its own files: give the template's text)")
+  return check(template)
+
+
+def check(template: str) -> str:
+  """`template`, after it rendered a sample conversation in the bounded sandbox (ValueError, one
+  line, where it does not)."""
   import jinja2
-  import jinja2.sandbox
   try:
-    jinja2.sandbox.ImmutableSandboxedEnvironment().parse(template)
+    compiled = chat_template.compile(template)
   except jinja2.TemplateSyntaxError as e:
     raise ValueError(f"chat_template: a syntax error at its line {e.lineno}: {e.message}") from None
+  try:
+    chat_template.render(compiled, messages=chat_template.SAMPLE, add_generation_prompt=True, bos_token="<s>",
+                         eos_token="</s>")
+  except Exception as e:  # noqa: BLE001  (whatever the template does wrong is one line naming it)
+    message = (str(getattr(e, "message", None) or e).strip().splitlines() or [type(e).__name__])[0]
+    raise ValueError(f"chat_template: it fails on a sample conversation (user, assistant, user): {message}") from None
   return template
 
 

@@ -114,6 +114,8 @@ class Method:
   layer_aware: bool | Callable[[dict], bool] = False
   mergekit: str | None = None  # mergekit's merge_method for it, if mergekit has it
   per_tensor: Callable | None = None  # the per-tensor function `fn` lifts, for `per_tensor` methods
+  # {option: (low, high)}: the closed interval a number of it (each number of a list) must be in
+  ranges: dict = dataclasses.field(default_factory=dict)
 
   def uses_layers(self, options: dict | None = None) -> bool:
     """Whether this call reads the naming's blocks or rows: the method always does, or
@@ -170,12 +172,14 @@ METHODS: dict[str, Method] = {}  # every declared method, in declaration (import
 
 def register(name: str, fn: Callable, roles: tuple[str, ...], paper: str, *, trees: tuple[str, ...] = (),
              python_only: tuple[str, ...] = (), hidden: tuple[str, ...] = (), layer_aware: bool | Callable[[dict], bool] = False,
-             mergekit: str | None = None, per_tensor: Callable | None = None) -> Method:
+             mergekit: str | None = None, per_tensor: Callable | None = None,
+             ranges: dict | None = None) -> Method:
   """Adds a method over trees: `roles` are fn's leading positional parameters ("name+" for a
   list of models), every other parameter but `naming` and `hidden` ones is an option; `trees`
   names the options that take neuron masks (parameter trees placing rows), `python_only` those
   that take other Python objects (statistics, functions); `layer_aware` says whether it reads the
-  naming's blocks or rows (`Method.layer_aware`); `mergekit` is mergekit's name for it."""
+  naming's blocks or rows (`Method.layer_aware`); `mergekit` is mergekit's name for it; `ranges`
+  {option: (low, high)} the interval its numbers must be in (registry.check refuses others)."""
   if name in METHODS:
     raise ValueError(f"merge method {name} is declared twice")
   params = inspect.signature(fn).parameters
@@ -188,7 +192,7 @@ def register(name: str, fn: Callable, roles: tuple[str, ...], paper: str, *, tre
                   for p in list(params.values())[len(roles):] if p.name not in ("naming", *hidden))
   summary = sentence(" ".join((inspect.getdoc(fn) or "").split("\n\n")[0].split()))
   method = Method(name, fn, tuple(Role(r.rstrip("+"), r.endswith("+"), ROLE_HELP[r.rstrip("+")]) for r in roles),
-                  options, paper, summary, layer_aware, mergekit, per_tensor)
+                  options, paper, summary, layer_aware, mergekit, per_tensor, dict(ranges or {}))
   METHODS[name] = method
   return method
 

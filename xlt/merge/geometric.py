@@ -93,7 +93,7 @@ def _slerp_coefficients(t: float, cos, linear):
 
 
 @declare.method("slerp", ("base", "other"), paper="Shoemake 1985, Animating rotation with quaternion curves",
-                mergekit="slerp", layer_aware=_per_block_t)
+                mergekit="slerp", layer_aware=_per_block_t, ranges={"t": (0.0, 1.0)})
 def slerp(base, other, *, t: float | Sequence[float], dot_threshold: float = 0.9995, naming: Naming = XLT):
   """Spherical linear interpolation (Shoemake 1985) from the base to the other model, per tensor.
 

@@ -25,6 +25,7 @@ needs a naming rule (xlt.param_paths): "hf", "xlt" or a block prefix pattern suc
 from __future__ import annotations
 
 import ast
+import math
 import numbers
 
 import numpy as np
@@ -112,7 +113,33 @@ def check(method: str, inputs: dict, options: dict | None = None, *, trees_allow
       shown = " ".join(repr(value).split())
       shown = shown if len(shown) <= 60 else shown[:57] + "..."
       raise ValueError(f"merge method {method}: option {name} must be {o.type}, got {shown}")
+    if not o.tree:
+      _check_numbers(m, name, value)
   return m
+
+
+def _numbers_in(value) -> list[float]:
+  """The numbers of an option's value: itself, a list's, a per-layer list's, a filtered list's."""
+  if isinstance(value, bool) or value is None or isinstance(value, str):
+    return []
+  if isinstance(value, numbers.Real):
+    return [float(value)]
+  if isinstance(value, dict):
+    return _numbers_in(value.get("value"))
+  if isinstance(value, (list, tuple)):
+    return [x for v in value for x in _numbers_in(v)]
+  return []
+
+
+def _check_numbers(m: Method, name: str, value) -> None:
+  """No NaN or infinity in a number option, and each number in the method's declared range."""
+  found = _numbers_in(value)
+  if bad := [x for x in found if not math.isfinite(x)]:
+    raise ValueError(f"merge method {m.name}: option {name} must be a finite number, got {bad[0]}")
+  if name in m.ranges:
+    low, high = m.ranges[name]
+    if out := [x for x in found if not low <= x <= high]:
+      raise ValueError(f"merge method {m.name}: option {name} must be between {low:g} and {high:g}, got {out[0]:g}")
 
 
 def naming_for_method(m: Method, options: dict | None, paths, naming: str | naming_lib.Naming = "auto"):
