@@ -46,11 +46,11 @@ def test_the_generate_comment_names_the_match_the_command_uses():
 def test_the_lora_memory_counts_the_adapters(capsys):
   from configs import finetune as finetune_config
   from xlt import pretrained
-  from xlt.experiments import finetune
+  from xlt.experiments import finetune, finetune_memory
   c = finetune_config.get_config()
   c.base, c.lora.enabled, c.data.block_size, c.mesh.data, c.mesh.devices = LLAMA, True, 32, 1, 1
   cfg, shapes = pretrained.abstract(LLAMA)
-  finetune._memory(c, cfg, shapes, finetune.plan(c))
+  finetune_memory.estimate(c, cfg, shapes, finetune.plan(c))
   out = capsys.readouterr().out
   full, lora = out.split("finetune: estimated memory of one LoRA model (rank 8: adapters only trained)\n")
   assert "19,616 of 19,616 parameters trained" in full
@@ -58,7 +58,7 @@ def test_the_lora_memory_counts_the_adapters(capsys):
                                                                  lora).groups())
   assert 0 < trained < 19_616 < total  # the adapters alone are trained; the base is held beside them
   c.lora.enabled = False
-  finetune._memory(c, cfg, shapes, finetune.plan(c))
+  finetune_memory.estimate(c, cfg, shapes, finetune.plan(c))
   assert "LoRA model" not in capsys.readouterr().out
 
 

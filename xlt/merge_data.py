@@ -7,7 +7,7 @@ Each batch is split over the mesh's data axes (`c.mesh`, as training's), the par
 replicated. It prints an estimate of the memory the statistics take before computing them, then writes the
 merged model as a Hugging Face model directory (xlt.pretrained.save, the first expert's config
 and tokenizer) with merge_config.json. A user error is one line on stderr and exit status 2. A non-empty output is
-replaced only with --overwrite, never when it is an input or holds one (xlt.merge.tool.check_output).
+replaced only with --overwrite, never when it is an input or holds one (xlt.merge.check_output).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from xlt import hf_tokenizer, lora, merge_statistics, pretrained, sharding
+from xlt import hf_tokenizer, lora, merge, merge_statistics, pretrained, sharding
 from xlt.data import sft
 from xlt.io import fileio
-from xlt.merge import registry, tool
+from xlt.merge import registry
 from xlt.param_paths import path_names
 
 STATISTICS = {"regmean": "grams", "fisher": "fishers"}
@@ -58,7 +58,7 @@ def run(c, *, log=print, overwrite: bool = False) -> dict:
     raise ValueError(f"data.experts: one data file per expert ({len(experts)} experts, {len(data)} files)")
   options = dict(c.options.to_dict() if hasattr(c.options, "to_dict") else c.options or {})
   registry.check(method, {"experts": experts}, {**options, STATISTICS[method]: [None] * len(experts)})
-  tool.check_output(str(c.output), overwrite, experts + data)
+  merge.check_output(str(c.output), overwrite, experts + data)
   tok = hf_tokenizer.load(experts[0])
   # the batches split over the mesh's data axes (data x fsdp), the parameters replicated
   mesh = sharding.make_mesh(c.mesh.to_dict() if hasattr(c.mesh, "to_dict") else dict(c.mesh)) if c.get("mesh") else None

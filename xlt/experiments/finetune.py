@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from xlt import composite, hf_tokenizer, memory, merge, partition, pretrained, sharding
+from xlt import composite, hf_tokenizer, memory, merge, partition, pretrained
 from xlt import generate as generate_lib
 from xlt import perplexity as perplexity_lib
 from xlt import loop as loop_lib
@@ -49,7 +49,7 @@ from xlt import train as train_lib
 from xlt.data import sft
 from xlt.eval import scores as eval_scores
 from xlt.experiments import common as kind_lib
-from xlt.experiments import finetune_peft
+from xlt.experiments import finetune_memory, finetune_peft
 from xlt.experiments import recipes as recipe_lib
 from xlt.experiments.recipes import ALL, Recipe
 from xlt.experiments.testbed import peft as testbed_peft
@@ -241,7 +241,7 @@ def prepare(c, workdir: str) -> Prep:
   recipes = plan(c)
   labels = label_trees(c, shapes)  # (from the shapes: a partition without both labels fails before the load)
   check_merge_values(c, shapes)
-  estimate = _memory(c, cfg, shapes, recipes)
+  estimate = finetune_memory.estimate(c, cfg, shapes, recipes)
   tok = hf_tokenizer.load(c.base)
   data = {}
   for name in DATASETS:  # every data file is read and checked before the weights load
@@ -267,41 +267,6 @@ def counts_table(data: dict) -> str:
     for split, counts in d.counts.items():
       lines.append(f"{f'data.{name} {split}':18}" + "".join(f"{counts[f]:>16,}" for f in fields))
   return "\n".join(lines)
-
-
-def _memory(c, cfg, shapes, recipes) -> dict:
-  """Prints the estimated memory of one fully trained model (`shapes`: the base's parameters,
-  abstract); fails in one line when the models trained together would not fit
-  `c.device_memory_gb` (each gets its share), or when the parameters alone would not fit the
-  device's memory as it reports it (an accelerator; a CPU reports none)."""
-  mesh = sharding.make_mesh(c.mesh)
-  est = memory.estimate(cfg, shapes, train_lib.make_optimizer(c.opt), mesh, batch=c.train.batch_size,
-                        seq=c.data.block_size, grad_accum=c.train.grad_accum)
-  together = len([r for r in recipes if r.variant == "full"]) if c.together else 1
-  print(f"finetune: estimated memory of one fully trained model"
-        f"{f' (x {together}: they train together)' if together > 1 else ''}\n{memory.format(est)}", flush=True)
-  if c.device_memory_gb:
-    memory.check_fits(est, int(c.device_memory_gb * (1 << 30)) // together)
-  if any(r.variant == "lora" for r in recipes):  # its own figures: it trains the adapters alone
-    print(_lora_memory(c, cfg, shapes, mesh), flush=True)
-  try:
-    device = (mesh.devices.flat[0].memory_stats() or {}).get("bytes_limit")
-  except Exception:  # noqa: BLE001  (a backend without memory statistics)
-    device = None
-  if device and est["params"] > device:
-    raise ValueError(f"{c.base}: its parameters alone take {est['params'] / (1 << 30):.2f} GiB per device, over the "
-                     f"device's {device / (1 << 30):.2f} GiB: shard them (mesh.fsdp) or use more devices")
-  return est
-
-
-def _lora_memory(c, cfg, shapes, mesh) -> str:
-  """The estimate of one LoRA model (adapters on every projection, `c.lora`'s rank and optimizer)."""
-  from xlt import lora
-  adapters = jax.eval_shape(lambda p: lora.init(p, jax.random.key(0), rank=c.lora.rank, alpha=c.lora.alpha), shapes)
-  est = memory.estimate(cfg, {"base": shapes, "lora": adapters}, train_lib.make_optimizer(c.lora.opt), mesh,
-                        batch=c.lora.train.batch_size, seq=c.data.block_size, grad_accum=c.lora.train.grad_accum)
-  return f"finetune: estimated memory of one LoRA model (rank {c.lora.rank}: adapters only trained)\n" + \
-      memory.format(est)
 
 
 # --------------------------------------------------------------------------- stages
