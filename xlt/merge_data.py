@@ -20,12 +20,12 @@ import sys
 
 import jax
 import numpy as np
-from absl import app
+from absl import app, flags
 from ml_collections import config_flags
 
 from xlt import hf_tokenizer, lora, merge_statistics, pretrained, sharding
 from xlt.data import sft
-from xlt.io import fileio
+from xlt.io import config_files, fileio
 from xlt.io import hf_dir as hf
 from xlt.merge import registry
 from xlt.param_paths import path_names
@@ -176,4 +176,5 @@ if __name__ == "__main__":
   # defined here, not on import: the library's functions import beside other absl programs
   _config = config_flags.DEFINE_config_file("config", None, "configs/merge_data.py", lock_config=False,
                                             accept_new_attributes=True)
-  app.run(lambda argv: main(argv, _config))
+  # --config=configs/merge_data.py from any directory (xlt's configs, `from configs import common` found)
+  app.run(lambda argv: main(argv, _config), flags_parser=lambda argv: flags.FLAGS(config_files.config_argv(argv)))
