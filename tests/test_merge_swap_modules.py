@@ -98,3 +98,15 @@ def test_the_testbeds_merge_specs_take_module_wise_swaps():
   c.merge.swap_modules = ("ffn",)
   with pytest.raises(ValueError, match="modules must be 'all' or kinds among"):
     experiment.check(c, 8)
+
+
+def test_a_merge_search_chooses_among_module_choices():
+  from xlt import merge_search
+  dim = merge_search.parse_dim("modules=choice:all,attn,mlp,attn+norm")
+  assert dim.choices == ("all", "attn", "mlp", "attn+norm")
+  picked = {merge_search.sample_random([dim], 0, n)["modules"] for n in range(40)}
+  assert picked == set(dim.choices)
+  for choice, swapped in zip(dim.choices, ({"attn", "mlp", "norm"}, {"attn"}, {"mlp"}, {"attn", "norm"})):
+    got = registry.merge("layer_swap", {"task_expert": TASK, "language_expert": LANG},
+                         {"bottom": 0, "top": 1, "modules": choice})
+    assert all(_leaf(got, 2, k) == _leaf(LANG if k in swapped else TASK, 2, k) for k in KINDS), choice

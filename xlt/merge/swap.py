@@ -25,12 +25,13 @@ MODULES = ("attn", "mlp", "norm")  # the kinds of a block's parameters (xlt.para
 
 
 def swapped_modules(modules) -> tuple[str, ...] | None:
-  """The module kinds `modules` names ("attn", "mlp", "norm"; a sequence or a comma-separated
-  string), or None for "all" (the whole block)."""
+  """The module kinds `modules` names ("attn", "mlp", "norm"; a sequence, or a string of them
+  joined by "," or "+": "attn+norm" is one value of a merge search's choice), or None for
+  "all" (the whole block)."""
   if isinstance(modules, str):
     if modules == "all":
       return None
-    modules = [m.strip() for m in modules.split(",") if m.strip()]
+    modules = [m.strip() for m in modules.replace("+", ",").split(",") if m.strip()]
   kinds = tuple(modules) if isinstance(modules, (list, tuple)) else ()
   if not kinds or any(not isinstance(k, str) or k not in MODULES for k in kinds):
     raise ValueError(f"layer swap: modules must be 'all' or kinds among {', '.join(MODULES)}, got {modules!r}")
@@ -127,7 +128,7 @@ def layer_swap(task_expert, language_expert, *, bottom: int, top: int, lower_tra
     num_blocks: the block count L, checked against the tree's when given.
     modules: which of a swapped (or transition) block's parameters come from the language
       expert: "all" (the whole block, the paper's), or kinds among "attn", "mlp" and "norm"
-      (a tuple, or "attn,mlp" on the command line): "attn" swaps the attention alone, "mlp"
+      (a tuple, or "attn,mlp" / "attn+mlp" on the command line): "attn" swaps the attention alone, "mlp"
       the MLP alone (module-wise swapping; the rest of the block stays the task expert's).
       A block's norms are "norm": listed, they move too.
     naming: how paths name blocks (`naming.XLT` for xlt.model).
