@@ -126,3 +126,14 @@ def test_wudi_from_the_command_line_is_fusion_benchs(tmp_path):
   assert r.returncode == 0, r.stderr
   got = load_file(str(tmp_path / "out" / "model.safetensors"))
   assert max_diff(got, load_file(os.path.join(FIXTURES, "wudi_exclude.safetensors"))) < TOLERANCE
+
+
+def test_excluded_keys_take_the_mean_task_vector():
+  # fusion-bench's exclude_keys (TSV-M, WUDI): the named tensors skip the method, the others do not
+  inputs = PARITY.inputs()
+  mean = lambda k: np.mean([np.asarray(e[k], np.float64) for e in inputs["experts"]], axis=0) - inputs["base"][k]
+  for case, key, scale in (("tsv_m_exclude", "1.weight", 0.7), ("wudi_exclude", "0.weight", 1.0)):
+    got = xlt_merge(case)
+    np.testing.assert_allclose(got[key], inputs["base"][key] + scale * mean(key), atol=1e-6)
+    other = "0.weight" if key == "1.weight" else "1.weight"
+    assert np.abs(got[other] - (inputs["base"][other] + scale * mean(other))).max() > 1e-3

@@ -108,11 +108,18 @@ def _matrix_merge(b, tvs, merge_rows):
 def _alpha(_, *, alpha: float, **options):
   if not np.isfinite(alpha):
     raise ValueError(f"alpha must be a finite number, got {alpha}")
+  if "exclude_keys" in options:
+    options["exclude_keys"] = _names(options["exclude_keys"])
   return {"alpha": alpha, **options}
 
 
+def _names(keys) -> tuple[str, ...]:
+  """exclude_keys as a tuple of tensor names: a list, or a comma-separated string (the command line)."""
+  return tuple(k for k in keys.split(",") if k) if isinstance(keys, str) else tuple(keys or ())
+
+
 @declare.per_tensor("tsv_m", ("base", "experts+"), paper=_TSV, prepare=_alpha)
-def tsv_m(base, experts, *, alpha: float = 1.0):
+def tsv_m(base, experts, *, alpha: float = 1.0, exclude_keys: tuple = (), path=()):
   """TSV-M (Gargiulo et al. 2025): each task vector's top singular vectors, stacked and
   decorrelated, per matrix.
 
@@ -124,8 +131,12 @@ def tsv_m(base, experts, *, alpha: float = 1.0):
 
   alpha: the scale of the merged task vector (the paper's alpha, 1.0 by default, tuned on
     validation data there).
+  exclude_keys: tensor names that take the mean task vector instead (fusion-bench's
+    exclude_keys, e.g. the embeddings and head); a comma-separated string on the command line.
   """
   b, tvs = _task_vectors(base, experts)
+  if path_str(path) in exclude_keys:
+    return b + alpha * (sum(tvs) / len(tvs))
 
   def merge_rows(rows):
     k = int(min(rows[0].shape) * (1 / len(rows)))  # fusion-bench's expression, to its rounding
@@ -216,9 +227,7 @@ def _wudi_options(_, *, steps: int, lr: float, exclude_keys=()):
     raise ValueError(f"wudi steps must be a non-negative integer, got {steps}")
   if not lr > 0:
     raise ValueError(f"wudi lr must be positive, got {lr}")
-  if isinstance(exclude_keys, str):
-    exclude_keys = [k for k in exclude_keys.split(",") if k]
-  return {"steps": int(steps), "lr": float(lr), "exclude_keys": tuple(exclude_keys)}
+  return {"steps": int(steps), "lr": float(lr), "exclude_keys": _names(exclude_keys)}
 
 
 def _wudi_rows(rows, steps: int, lr: float):
