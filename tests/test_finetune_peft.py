@@ -213,3 +213,26 @@ def _check_adapters(c, workdir, names, merged):
     elif name.startswith("LoRA"):  # every layer adapted: the modules' last names
       assert sorted(config["target_modules"]) == sorted({m.rsplit(".", 1)[-1] for m in modules}), name
       assert {m.split(".")[2] for m in modules} == {"0", "1"}
+
+
+def test_live_peft_loads_the_recipes_adapters_onto_the_base_it_names(tiny, tmp_path):
+  """Where peft is installed: AutoPeftModelForCausalLM finds each adapter's base by its recorded
+  path, warns of no missing keys, and gives the merged directory's logits."""
+  torch = pytest.importorskip("torch")
+  peft = pytest.importorskip("peft")
+  transformers = pytest.importorskip("transformers")
+  import warnings
+  tiny.train.steps = tiny.lora.train.steps = 2
+  workdir = str(tmp_path / "run")
+  with contextlib.redirect_stdout(io.StringIO()):
+    runner.run(tiny, workdir, progress=False)
+  ids = torch.tensor([[4, 9, 12, 7, 30, 5, 2, 11]])
+  for name in ("LoRA task expert", "partial LoRA task expert [C]"):
+    d = os.path.join(workdir, "models", finetune.slug(name))
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      model = peft.AutoPeftModelForCausalLM.from_pretrained(d + "-peft")
+    assert not [w for w in caught if "missing" in str(w.message).lower()], name
+    with torch.no_grad():
+      want = transformers.AutoModelForCausalLM.from_pretrained(d)(ids).logits
+      assert (model(ids).logits - want).abs().max().item() < 1e-4, name
