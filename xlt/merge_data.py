@@ -61,7 +61,7 @@ def _example(tok, rec, where: str, add_eos: bool):
     ids = list(tok.encode(rec["text"])) + ([tok.eos_id] if add_eos and tok.eos_id is not None else [])
     targets = np.arange(len(ids)) > 0
     return np.asarray(ids, np.int32), targets
-  return sft.encode(tok, sft._check_record(rec, where), add_eos, where)
+  return sft.encode(tok, sft.check_record(rec, where), add_eos, where)
 
 
 def read_examples(path: str, tok, add_eos: bool) -> list[tuple[np.ndarray, np.ndarray]]:
