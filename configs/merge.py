@@ -89,12 +89,11 @@ def get_config():
   c.merge = ml_collections.ConfigDict(dict(
       swaps=("1,0,0", "2,0,0", "1,1,0", "2,1,0", "1,1,1", "2,1,1"),  # bottom,top,transition (each side)
       non_block="average",  # the layer-swapping paper: embeddings and head averaged
+      swap_modules=(),  # each swap again with only these kinds swapped ("attn", "mlp", "attn,norm": modules)
       task_arithmetic=(0.5, 1.0), ties_density=0.2, dare_drop=0.5,
       maet=dict(alpha=0.8, beta=0.2, key_ratio=0.05, tensor_ratio=0.8, gamma=0.2, eta=1.0),
       heatmap_threshold=0.0,  # 0: merge.default_threshold (median row change)
-      # more merges from xlt.merge's registry, each "method option=value ..." (python -m xlt.merge
-      # --list_methods), e.g. ("ties density=0.5",)
-      extra=()))
+      extra=()))  # more registry merges, "method option=value ..." (xlt.merge --list_methods): ("ties density=0.5",)
   # LoRA versions of the recipes (xlt.experiments.testbed.peft): rsLoRA rank 8, alpha 16 (scale 5.7) on every
   # attn / mlp projection. Learning rate from a 1-seed probe (base 1200 steps, fine-tunes 400):
   # at 2e-3 simultaneous LoRA diverged (loss 0.6 -> 2.7, every score ~0) while the other LoRA

@@ -6,6 +6,7 @@ directory. The tiny config's partition [C]: block_0 language, block_1 task."""
 
 import contextlib
 import io
+import json
 import os
 
 import jax
@@ -13,7 +14,9 @@ import numpy as np
 import pytest
 
 from test_finetune import _config, _leaves
-from xlt import lora, neurons, partition, pretrained, runner
+from safetensors.numpy import load_file
+
+from xlt import lora, neurons, partition, peft_io, pretrained, runner
 from xlt import train as train_lib
 from xlt.experiments import common as kind_lib
 from xlt.experiments import finetune, finetune_peft
@@ -188,3 +191,48 @@ def test_peft_recipes_end_to_end(tiny, tmp_path):
                            {p: str(x) for p, x in _leaves(labels).items()})
   assert _same(got["LoRA freeze-then-train [C]"], both)
   assert not _same(got["neuron task expert"], _leaves(base))
+  _check_adapters(tiny, workdir, peft[:5], got)
+
+
+def _check_adapters(c, workdir, names, merged):
+  """Each trained LoRA recipe's PEFT adapter beside its merged directory: the base's path
+  recorded, the base plus the adapter its merged model, and a partial expert's adapter only
+  its label's layers, named in full (so peft adapts those alone)."""
+  cfg, base = pretrained.load(c.base)
+  for name in names:
+    adapter = os.path.join(workdir, "models", finetune.slug(name) + "-peft")
+    config = json.load(open(os.path.join(adapter, peft_io.CONFIG)))
+    assert config["base_model_name_or_path"] == os.path.abspath(c.base), name
+    got = _leaves(peft_io.load(adapter, cfg, base, merged=True))
+    assert all(np.abs(got[k] - merged[name][k]).max() < 1e-6 for k in got), name
+    modules = {n.removeprefix(peft_io.PREFIX).rsplit(".lora_", 1)[0] for n in load_file(os.path.join(adapter,
+                                                                                                   peft_io.WEIGHTS))}
+    if name.startswith("partial"):  # [C]: block_0 language, block_1 task
+      layer = "layers.1." if "task" in name else "layers.0."
+      assert modules and all(layer in m for m in modules) and sorted(config["target_modules"]) == sorted(modules)
+    elif name.startswith("LoRA"):  # every layer adapted: the modules' last names
+      assert sorted(config["target_modules"]) == sorted({m.rsplit(".", 1)[-1] for m in modules}), name
+      assert {m.split(".")[2] for m in modules} == {"0", "1"}
+
+
+def test_live_peft_loads_the_recipes_adapters_onto_the_base_it_names(tiny, tmp_path):
+  """Where peft is installed: AutoPeftModelForCausalLM finds each adapter's base by its recorded
+  path, warns of no missing keys, and gives the merged directory's logits."""
+  torch = pytest.importorskip("torch")
+  peft = pytest.importorskip("peft")
+  transformers = pytest.importorskip("transformers")
+  import warnings
+  tiny.train.steps = tiny.lora.train.steps = 2
+  workdir = str(tmp_path / "run")
+  with contextlib.redirect_stdout(io.StringIO()):
+    runner.run(tiny, workdir, progress=False)
+  ids = torch.tensor([[4, 9, 12, 7, 30, 5, 2, 11]])
+  for name in ("LoRA task expert", "partial LoRA task expert [C]"):
+    d = os.path.join(workdir, "models", finetune.slug(name))
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      model = peft.AutoPeftModelForCausalLM.from_pretrained(d + "-peft")
+    assert not [w for w in caught if "missing" in str(w.message).lower()], name
+    with torch.no_grad():
+      want = transformers.AutoModelForCausalLM.from_pretrained(d)(ids).logits
+      assert (model(ids).logits - want).abs().max().item() < 1e-4, name

@@ -106,3 +106,34 @@ def test_the_speed_benchmark_merges_its_methods_rows_across_runs(tmp_path):
   assert bench.earlier(str(path), inputs)["rows"] == old["rows"]
   with pytest.raises(SystemExit, match="other inputs"):
     bench.earlier(str(path), {"hidden": 128, "layers": 1})
+
+
+def test_wudi_from_the_command_line_is_fusion_benchs(tmp_path):
+  # the fixtures' inputs as model files: base and experts; the command line's merge equals the case
+  import subprocess
+  import sys
+  from safetensors.numpy import save_file
+  inputs = PARITY.inputs()
+  paths = []
+  for name, tree in [("base", inputs["base"])] + [(f"e{i}", e) for i, e in enumerate(inputs["experts"])]:
+    paths.append(str(tmp_path / f"{name}.safetensors"))
+    save_file({k: np.asarray(v) for k, v in tree.items()}, paths[-1])
+  r = subprocess.run([sys.executable, "-m", "xlt.merge", "--config=configs/merge_files.py", "--config.method=wudi",
+                      f"--config.inputs.base={paths[0]}", f"--config.inputs.experts={','.join(paths[1:])}",
+                      "--config.options.steps=50", "--config.options.exclude_keys=0.weight", "--config.heatmaps=false",
+                      f"--config.output={tmp_path / 'out'}"], cwd=REPO, capture_output=True, text=True,
+                     env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO})
+  assert r.returncode == 0, r.stderr
+  got = load_file(str(tmp_path / "out" / "model.safetensors"))
+  assert max_diff(got, load_file(os.path.join(FIXTURES, "wudi_exclude.safetensors"))) < TOLERANCE
+
+
+def test_excluded_keys_take_the_mean_task_vector():
+  # fusion-bench's exclude_keys (TSV-M, WUDI): the named tensors skip the method, the others do not
+  inputs = PARITY.inputs()
+  mean = lambda k: np.mean([np.asarray(e[k], np.float64) for e in inputs["experts"]], axis=0) - inputs["base"][k]
+  for case, key, scale in (("tsv_m_exclude", "1.weight", 0.7), ("wudi_exclude", "0.weight", 1.0)):
+    got = xlt_merge(case)
+    np.testing.assert_allclose(got[key], inputs["base"][key] + scale * mean(key), atol=1e-6)
+    other = "0.weight" if key == "1.weight" else "1.weight"
+    assert np.abs(got[other] - (inputs["base"][other] + scale * mean(other))).max() > 1e-3

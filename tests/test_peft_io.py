@@ -127,3 +127,77 @@ def test_live_peft_loads_the_xlt_adapter(family, tmp_path):
   with torch.no_grad():
     got = peft.PeftModel.from_pretrained(base, str(tmp_path / "a"))(torch.from_numpy(ids.astype(np.int64))).logits
   np.testing.assert_allclose(_logits(cfg, {"base": params, "lora": adapters})(ids), got.numpy(), atol=ATOL)
+
+
+def _cli_merge(reference, out):
+  import subprocess
+  import sys
+  return subprocess.run([sys.executable, "-m", "xlt.merge", "--config=configs/merge_files.py", "--config.method=linear",
+                         f"--config.inputs.experts={reference}", f"--config.output={out}"], cwd=REPO,
+                        capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO})
+
+
+def test_pattern_keys_are_read_as_peft_reads_them(tmp_path):
+  # alpha_pattern {"q_proj|v_proj": 16}: peft matches (.*\.)?(q_proj|v_proj)$, so v_proj takes 16
+  # too; read without the group, v_proj took lora_alpha (before: 9 off in the logits)
+  cfg, params, ids = _model("llama")
+  adapter = os.path.join(PEFT, "llama", "pattern_adapter")
+  want = np.load(os.path.join(PEFT, "llama", "pattern_adapter_logits.npy"))
+  r = _cli_merge(f"{os.path.join(HF, 'llama')}+{adapter}", tmp_path / "out")
+  assert r.returncode == 0, r.stderr
+  merged_cfg, merged = pretrained.load(str(tmp_path / "out"))
+  np.testing.assert_allclose(_logits(merged_cfg, merged)(ids), want, atol=ATOL)
+  np.testing.assert_allclose(_logits(cfg, peft_io.load(adapter, cfg, params))(ids), want, atol=ATOL)
+
+
+def _adapter(tmp_path, config: dict, tensors: dict | None = None) -> str:
+  """A copy of the pattern adapter with `config` laid over its config (and `tensors` for its factors)."""
+  src = os.path.join(PEFT, "llama", "pattern_adapter")
+  with open(os.path.join(src, peft_io.CONFIG)) as f:
+    full = json.load(f) | config
+  out = tmp_path / "adapter"
+  out.mkdir(exist_ok=True)
+  (out / peft_io.CONFIG).write_text(json.dumps(full))
+  save_file(load_file(os.path.join(src, peft_io.WEIGHTS)) if tensors is None else tensors, str(out / peft_io.WEIGHTS))
+  return str(out)
+
+
+@pytest.mark.parametrize("field, value", [("alora_invocation_tokens", [5, 6]), ("layer_replication", [[0, 2], [1, 2]]),
+                                          ("target_parameters", ["mlp.experts.gate_up_proj"]),
+                                          ("trainable_token_indices", [3]), ("lora_bias", True), ("use_qalora", True),
+                                          ("modules_to_save", ["lm_head"]), ("init_lora_weights", "pissa")])
+def test_lora_variants_xlt_does_not_model_are_refused_in_one_line(field, value, tmp_path):
+  cfg, params, _ = _model("llama")
+  with pytest.raises(ValueError, match=rf"adapter_config.json: {field}=.* xlt does not model"):
+    peft_io.read(_adapter(tmp_path, {field: value}), cfg, params)
+
+
+def test_a_variant_on_the_command_line_is_one_line_and_exit_2(tmp_path):
+  # before: applied as plain LoRA, 8 to 9 off in the logits, exit 0
+  r = _cli_merge(f"{os.path.join(HF, 'llama')}+{_adapter(tmp_path, {'alora_invocation_tokens': [5]})}", tmp_path / "o")
+  assert r.returncode == 2 and r.stderr.count("\n") == 1 and "alora_invocation_tokens=[5]" in r.stderr, r.stderr
+
+
+def test_config_and_factors_that_disagree_name_the_file_and_the_module(tmp_path):
+  cfg, params, _ = _model("llama")
+  factors = load_file(os.path.join(PEFT, "llama", "pattern_adapter", peft_io.WEIGHTS))
+  module = "model.layers.1.self_attn.q_proj"
+  with pytest.raises(ValueError, match=r"adapter_model.safetensors: module model.layers.0.self_attn.q_proj has "
+                                       r"rank-2 factors, adapter_config.json's r says 4"):
+    peft_io.read(_adapter(tmp_path, {"r": 4, "rank_pattern": {"up_proj": 3}}), cfg, params)
+  with pytest.raises(ValueError, match=r"module model.layers.0.mlp.up_proj has rank-3 factors, .*'s r says 2"):
+    peft_io.read(_adapter(tmp_path, {"rank_pattern": {"up": 3}}), cfg, params)  # peft matches whole names
+  with pytest.raises(ValueError, match=r"module model.layers.1.\S+ has LoRA factors that adapter_config.json does "
+                                       "not target .* peft would not load them"):
+    peft_io.read(_adapter(tmp_path, {"layers_to_transform": [0]}), cfg, params)
+  with pytest.raises(ValueError, match="module model.layers.0.mlp.up_proj has LoRA factors that"):
+    peft_io.read(_adapter(tmp_path, {"target_modules": ["q_proj", "v_proj"]}), cfg, params)
+  bad = dict(factors)
+  key = f"{peft_io.PREFIX}{module}.lora_A.weight"
+  bad[key] = np.zeros((2, 31), np.float32)
+  with pytest.raises(ValueError, match=rf"adapter_model.safetensors: module {module}'s lora_A \[2, 31\] and lora_B "
+                                       r"\[32, 2\] do not fit its weight \[32, 32\]"):
+    peft_io.read(_adapter(tmp_path, {}, bad), cfg, params)
+  bad[key] = np.zeros((3, 32), np.float32)
+  with pytest.raises(ValueError, match=rf"module {module}'s lora_A \[3, 32\] and lora_B \[32, 2\] are not \[r, in\]"):
+    peft_io.read(_adapter(tmp_path, {}, bad), cfg, params)

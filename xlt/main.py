@@ -23,7 +23,6 @@ on stderr and exit status 2, so cluster scripts can tell them apart from a crash
 """
 
 import difflib
-import importlib
 import os
 import re
 import sys
@@ -31,7 +30,6 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-import xlt
 from xlt import allocator, cpu_devices, workers
 from xlt.io import config_files
 
@@ -79,15 +77,8 @@ def _user_error(message: str):
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing (app.run's flags_parser), with its errors as user errors: an unknown
   config field (named with the nearest one), a bad value, a missing config file."""
-  argv = _installed_config(argv)
-  spec = _config_spec(argv)
-  folder = os.path.dirname(os.path.abspath(spec.split(":", 1)[0])) if spec else None
-  if folder and folder == os.path.join(os.path.dirname(os.path.abspath(xlt.__file__)), "configs"):
-    # the configs an installed xlt ships as xlt.configs, imported as they name themselves
-    sys.modules.setdefault("configs", importlib.import_module("xlt.configs"))
-  elif folder and os.path.isfile(os.path.join(folder, "__init__.py")):
-    # configs/*.py import their package (`from configs import common`): found from any cwd
-    sys.path.insert(0, os.path.dirname(folder))
+  # a configs/... the current directory lacks read from xlt's own; `from configs import common` found
+  argv = config_files.config_argv(argv)
   try:
     rest = flags.FLAGS(argv)
     _CONFIG.value.get("task")  # a config file that failed to load raises only when read
@@ -117,29 +108,6 @@ def _flag_error(argv: list[str], error: Exception) -> str:
   if any(line.startswith("Traceback") for line in lines):  # the config file raised: its message, not its class
     return f"{lines[0].removeprefix('flag ').rstrip(':')}: {re.sub(r'^[A-Za-z_.]*(Error|Exception): ', '', lines[-1])}"
   return " ".join(lines).removeprefix("flag ")
-
-
-def _installed_config(argv: list[str]) -> list[str]:
-  """`argv` with a --config=configs/... that the current directory lacks pointed at the configs
-  an installed xlt ships (xlt.io.config_files), so the documented commands run anywhere."""
-  spec = _config_spec(argv)
-  path = spec.split(":", 1)[0] if spec else ""
-  if not path.startswith("configs/") or os.path.exists(path):
-    return argv
-  try:
-    found = config_files.path(path)
-  except FileNotFoundError:
-    return argv  # the missing file is reported as it was given
-  out = list(argv)
-  for i, a in enumerate(argv):
-    name, eq, value = a.lstrip("-").partition("=")
-    if a.startswith("-") and name == "config":
-      if eq:
-        out[i] = a[: len(a) - len(value)] + found + spec[len(path):]
-      else:
-        out[i + 1] = found + spec[len(path):]
-      break
-  return out
 
 
 def _config_spec(argv: list[str]) -> str | None:

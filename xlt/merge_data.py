@@ -1,7 +1,10 @@
 """Data-aware merges from the command line: RegMean and Fisher merging of Hugging Face model
 directories, each expert's statistics (xlt.merge_statistics) from its own data file
 (configs/merge_data.py has the command). The merge library (xlt.merge) reads no data and runs no
-model; this is where the two meet, beside training.
+model; this is where the two meet, beside training. Data files hold {"text": ...} lines or the
+SFT reader's kinds; `data.convention` is xlt's (packed rows, each example ended with the EOS) or
+fusion-bench's (one text per row, no EOS), and padding never enters a statistic
+(configs/merge_data.py; docs/merge.md has the conventions against fusion-bench).
 
 Each batch is split over the mesh's data axes (`c.mesh`, as training's), the parameters
 replicated. It prints an estimate of the memory the statistics take before computing them, then writes the
@@ -23,11 +26,16 @@ from ml_collections import config_flags
 
 from xlt import hf_tokenizer, lora, merge, merge_statistics, pretrained, sharding
 from xlt.data import sft
-from xlt.io import fileio
+from xlt.io import config_files, fileio
 from xlt.merge import registry
 from xlt.param_paths import path_names
 
 STATISTICS = {"regmean": "grams", "fisher": "fishers"}
+# data.convention -> (packing, add_eos): xlt's packs examples into rows and ends each with the
+# EOS, as fine-tuning reads them; fusion-bench's is one text per row, as its tokenizer gives it
+CONVENTIONS = {"xlt": (True, True), "fusion_bench": (False, False)}
+# statistics.fisher: merge_statistics.FISHERS; statistics.head: RegMean measures the untied head
+STATISTICS_DEFAULTS = {"fisher": "empirical", "head": True}
 
 
 def _paths(value) -> list[str]:
@@ -39,13 +47,72 @@ def estimate_bytes(method: str, params, batch_size: int) -> int:
   kernel (RegMean), or batch_size per-sequence gradients plus the running sum (Fisher)."""
   if method == "regmean":
     flat = {path_names(p): np.shape(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-    return sum(4 * lora.in_out(k, flat[k])[0] ** 2 for k in lora.targets(params))
+    return sum(4 * lora.in_out(k, flat[k])[0] ** 2 for k in merge_statistics.regmean_kernels(params))
   return 4 * (batch_size + 2) * sum(int(np.size(x)) for x in jax.tree.leaves(params))
 
 
-def _batches(path: str, tok, c) -> list[np.ndarray]:
-  rows = sft.load(path, tok, block_size=int(c.block_size)).train["tokens"][:int(c.max_examples)]
-  return [rows[i:i + int(c.batch_size)] for i in range(0, len(rows), int(c.batch_size))]
+def _example(tok, rec, where: str, add_eos: bool):
+  """(ids, targets) of one line: {"text": ...} is encoded as the tokenizer encodes a text (its
+  BOS, if any), every token after the first a target, then the EOS with `add_eos`; the SFT
+  reader's kinds (prompt / completion, messages) as it encodes them (xlt.data.sft.encode)."""
+  if isinstance(rec, dict) and "text" in rec:
+    if not isinstance(rec["text"], str):
+      raise ValueError(f"{where}: 'text' must be a string")
+    ids = list(tok.encode(rec["text"])) + ([tok.eos_id] if add_eos and tok.eos_id is not None else [])
+    targets = np.arange(len(ids)) > 0
+    return np.asarray(ids, np.int32), targets
+  return sft.encode(tok, sft.check_record(rec, where), add_eos, where)
+
+
+def read_examples(path: str, tok, add_eos: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+  """The (ids, targets) of each non-blank line of a JSON-lines file (`_example`)."""
+  if not os.path.isfile(path):
+    raise ValueError(f"{path}: no such file")
+  fileio.check_size(path, sft.MAX_FILE_BYTES, ValueError)
+  out = []
+  with open(path, encoding="utf-8") as f:
+    for lineno, line in enumerate(f, 1):
+      if line.strip():
+        try:
+          rec = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+        out.append(_example(tok, rec, f"{path}:{lineno}", add_eos))
+  if not out:
+    raise ValueError(f"{path} has no examples")
+  return out
+
+
+def batches(path: str, tok, c, method: str) -> list[tuple[np.ndarray, np.ndarray]]:
+  """(tokens [B, block_size + 1], mask) batches of the first max_examples rows of a data file,
+  in the convention `c.data.convention` names (CONVENTIONS): the mask of a Gram matrix (regmean)
+  the positions up to each row's last target, not the padding; of a Fisher the targets."""
+  convention = str(c.data.get("convention", "xlt"))
+  if convention not in CONVENTIONS:
+    raise ValueError(f"data.convention {convention!r}: one of {', '.join(CONVENTIONS)}")
+  packing, add_eos = CONVENTIONS[convention]
+  pad = next((i for i in (tok.pad_id, tok.eos_id) if i is not None), 0)
+  rows, _ = sft.pack(read_examples(path, tok, add_eos), int(c.block_size), pad, packing=packing)
+  if not len(rows["tokens"]):
+    raise ValueError(f"{path}: no example has a target within block_size + 1 = {int(c.block_size) + 1} tokens")
+  tokens, targets = rows["tokens"][:int(c.max_examples)], rows["loss_mask"][:int(c.max_examples)]
+  mask = merge_statistics.input_mask(targets) if method == "regmean" else targets
+  b = int(c.batch_size)
+  return [(tokens[i:i + b], mask[i:i + b]) for i in range(0, len(tokens), b)]
+
+
+def _statistics(c) -> dict:
+  """c.statistics' fields over STATISTICS_DEFAULTS, checked."""
+  given = c.get("statistics") or {}
+  given = dict(given.to_dict() if hasattr(given, "to_dict") else given)
+  if unknown := sorted(set(given) - set(STATISTICS_DEFAULTS)):
+    raise ValueError(f"statistics has no field {', '.join(unknown)}; its fields: {', '.join(STATISTICS_DEFAULTS)}")
+  out = {**STATISTICS_DEFAULTS, **given}
+  if out["fisher"] not in merge_statistics.FISHERS:
+    raise ValueError(f"statistics.fisher {out['fisher']!r}: one of {', '.join(merge_statistics.FISHERS)}")
+  if not isinstance(out["head"], bool):
+    raise ValueError(f"statistics.head must be True or False, got {out['head']!r}")
+  return out
 
 
 def run(c, *, log=print, overwrite: bool = False) -> dict:
@@ -57,6 +124,7 @@ def run(c, *, log=print, overwrite: bool = False) -> dict:
   if len(experts) < 1 or len(data) != len(experts):
     raise ValueError(f"data.experts: one data file per expert ({len(experts)} experts, {len(data)} files)")
   options = dict(c.options.to_dict() if hasattr(c.options, "to_dict") else c.options or {})
+  measured = _statistics(c)
   registry.check(method, {"experts": experts}, {**options, STATISTICS[method]: [None] * len(experts)})
   merge.check_output(str(c.output), overwrite, experts + data)
   tok = hf_tokenizer.load(experts[0])
@@ -71,15 +139,18 @@ def run(c, *, log=print, overwrite: bool = False) -> dict:
     if not models:
       log(f"xlt.merge_data: {method} statistics take ~{estimate_bytes(method, params, int(c.batch_size)) / 2**20:.1f}"
           f" MiB per expert beside its parameters")
-    batches = _batches(file, tok, c)
-    compute = merge_statistics.grams if method == "regmean" else merge_statistics.diagonal_fisher
-    stats.append(compute(cfg, params, batches, mesh=mesh))
+    data_batches = batches(file, tok, c, method)
+    if method == "regmean":
+      stats.append(merge_statistics.grams(cfg, params, data_batches, mesh=mesh, head=measured["head"]))
+    else:
+      stats.append(merge_statistics.diagonal_fisher(cfg, params, data_batches, mesh=mesh, fisher=measured["fisher"]))
     models.append(jax.tree.map(np.asarray, params))
   merged = registry.merge(method, {"experts": models}, {**options, STATISTICS[method]: stats})
   summary = pretrained.save(first, merged, c.output, source_dir=experts[0], overwrite=overwrite,
                             card={"method": method, "inputs": experts, "data": data, "options": options})
   ran = {"method": method, "inputs": {"experts": experts}, "data": {"experts": data}, "options": options,
-         "block_size": int(c.block_size), "batch_size": int(c.batch_size), "max_examples": int(c.max_examples)}
+         "block_size": int(c.block_size), "batch_size": int(c.batch_size), "max_examples": int(c.max_examples),
+         "convention": str(c.data.get("convention", "xlt")), "statistics": measured}
   fileio.write_text(os.path.join(c.output, "merge_config.json"), json.dumps(ran, indent=1) + "\n")
   return summary
 
@@ -105,4 +176,6 @@ if __name__ == "__main__":
   _config = config_flags.DEFINE_config_file("config", None, "configs/merge_data.py", lock_config=False,
                                             accept_new_attributes=True)
   _overwrite = flags.DEFINE_bool("overwrite", False, "replace a non-empty output directory (never an input)")
-  app.run(lambda argv: main(argv, _config, _overwrite.value))
+  # --config=configs/merge_data.py from any directory (xlt's configs, `from configs import common` found)
+  app.run(lambda argv: main(argv, _config, _overwrite.value),
+          flags_parser=lambda argv: flags.FLAGS(config_files.config_argv(argv)))

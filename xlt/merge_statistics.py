@@ -2,7 +2,9 @@
 backward passes of xlt's model over token batches:
 
   grams(cfg, params, batches)            RegMean's Gram matrix of each attn / mlp kernel's inputs
-  diagonal_fisher(cfg, params, batches)  Fisher merging's diagonal (empirical) Fisher
+                                         (and the untied head's: `head`)
+  diagonal_fisher(cfg, params, batches)  Fisher merging's diagonal Fisher: `fisher="empirical"`
+                                         (the data's own next tokens) or "model" (fusion-bench's)
 
 Each batch is int tokens [B, T], run through one expert's own parameters: every position counts,
 or a pair (tokens, mask) whose 0/1 mask says which do (for `grams` [B, T], the input positions,
@@ -13,6 +15,10 @@ alike. Memory: a Gram matrix
 per kernel ([in, in], float32) beside the model; a Fisher holds B per-sequence gradients at once
 (jax.vmap), so B bounds it. With a mesh, each batch is split over its data axes as training's are
 (the parameters replicated): each device holds its share of the B gradients.
+
+The head. fusion-bench's RegMean measures every linear map, the untied head (lm_head) included;
+`grams(head=True)`, the default here and of `python -m xlt.merge_data`, does the same. A tied
+head is the embedding, which is no linear map of measured inputs: it takes the experts' mean.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from jax.sharding import Mesh
 
 from xlt import lora, sharding
 from xlt import model as model_lib
-from xlt.param_paths import XLT, dense_leaf, path_names, path_str
+from xlt.param_paths import DENSE_LEAVES, XLT, dense_leaf, path_names, path_str
 
 
 def num_inputs(path, shape) -> int:
@@ -87,16 +93,36 @@ def _place(tokens, mask, mesh: Mesh | None) -> tuple:
   return tuple(jax.device_put(x, sharding.batch_sharding(mesh, x.ndim, ensemble=False)) for x in (tokens, mask))
 
 
-def grams(cfg: model_lib.Config, params, batches, kernels=None, mesh: Mesh | None = None) -> dict[str, np.ndarray]:
+FISHERS = ("empirical", "model")
+
+
+def input_mask(loss_mask) -> np.ndarray:
+  """[N, T] 0/1: the positions up to each sequence's last target, from a loss_mask [N, T - 1]
+  (position j predicts token j + 1): every real token of a right-padded row (its prompt, answer
+  and EOS), not the padding after, for `grams`."""
+  targets = np.pad(np.asarray(loss_mask) > 0, ((0, 0), (1, 0)))  # [N, T]: token j is a target
+  return np.flip(np.maximum.accumulate(np.flip(targets, 1), axis=1), 1).astype(np.float32)
+
+
+def regmean_kernels(params, head: bool = True) -> list[tuple[str, ...]]:
+  """The kernels RegMean measures: every attn / mlp kernel (as xlt.lora adapts), and with
+  `head` the untied head's (the module docstring)."""
+  names = {path_names(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+  heads = [p for p in (("lm_head", leaf) for leaf in DENSE_LEAVES) if p in names]  # either layout's leaf
+  return lora.targets(params) + (heads if head else [])
+
+
+def grams(cfg: model_lib.Config, params, batches, kernels=None, mesh: Mesh | None = None,
+          head: bool = True) -> dict[str, np.ndarray]:
   """{kernel path ("block_0/attn/q/kernel"): G} with G = X^T X / tokens, X the inputs the kernel
   saw over `batches` ([tokens, in] float32, the input axes flattened in order; tokens: the
   positions a batch's mask keeps, all without one): what xlt.merge.data_aware.regmean takes per
-  expert. kernels: the kernel paths to measure (default: every attn / mlp kernel, as xlt.lora
-  adapts). mesh: each batch split over the mesh's data axes, the parameters replicated
+  expert. kernels: the kernel paths to measure (default: `regmean_kernels(params, head)`, every
+  attn / mlp kernel and the untied head's). mesh: each batch split over the mesh's data axes, the parameters replicated
   (`_place`); the same statistics to float rounding."""
   shapes = {path_names(p): tuple(np.shape(x)) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
   targets = tuple(sorted((tuple(k), shapes[tuple(k)]) for k in (kernels if kernels is not None
-                                                                else lora.targets(params))))
+                                                                else regmean_kernels(params, head))))
   params, totals, count = _replicate(params, mesh), {}, 0
   for batch in batches:
     tokens, mask = _split(batch, lambda t: t)
@@ -119,25 +145,44 @@ def _sequence_nll(cfg, params, tokens_T, mask_T=None):
   return jnp.sum(nll * mask_T) / jnp.maximum(jnp.sum(mask_T), 1.0)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _batch_fisher(cfg, params, tokens_BxT, mask_BxT):
+def _model_expectation(cfg, params, tokens_T, mask_T):
+  """fusion-bench's Fisher objective for one sequence: the sum over its target positions (`mask_T`)
+  of sum_v sqrt(p_v) log p_v, p the model's next-token distribution held constant, so the squared
+  gradient weighs each token v by the model's own p_v (MergeLM's estimate of the Fisher under the
+  model's distribution; fusion-bench's classifier loss, one row per position, a sequence a batch)."""
+  logits, _ = model_lib.apply(cfg, params, tokens_T[None])
+  logp = jax.nn.log_softmax(logits[0, :-1].astype(jnp.float32))
+  terms = jnp.sum(jnp.sqrt(jax.lax.stop_gradient(jnp.exp(logp))) * logp, axis=-1)
+  return jnp.sum(terms * mask_T)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _batch_fisher(cfg, params, tokens_BxT, mask_BxT, fisher="empirical"):
   """The sum over the batch's sequences of each parameter's squared per-sequence gradient."""
-  grads = jax.vmap(jax.grad(lambda p, t, m: _sequence_nll(cfg, p, t, m)), in_axes=(None, 0, 0))(
+  objective = _sequence_nll if fisher == "empirical" else _model_expectation
+  grads = jax.vmap(jax.grad(lambda p, t, m: objective(cfg, p, t, m)), in_axes=(None, 0, 0))(
       params, tokens_BxT, mask_BxT)
   return jax.tree.map(lambda g: jnp.sum(jnp.square(g.astype(jnp.float32)), axis=0), grads)
 
 
-def diagonal_fisher(cfg: model_lib.Config, params, batches, mesh: Mesh | None = None):
-  """The diagonal empirical Fisher of every parameter: the mean over sequences of the squared
-  gradient of the sequence's mean next-token loss (over its mask's targets, when given;
-  `params`' structure, float32): what xlt.merge.data_aware.fisher takes per expert. mesh: each
-  batch split over its data axes (`_place`), as for `grams`."""
+def diagonal_fisher(cfg: model_lib.Config, params, batches, mesh: Mesh | None = None, fisher: str = "empirical"):
+  """The diagonal Fisher of every parameter, the mean over sequences of a squared per-sequence
+  gradient (`params`' structure, float32): what xlt.merge.data_aware.fisher takes per expert.
+
+  fisher: "empirical" (the default; Matena & Raffel's empirical Fisher): the gradient of the
+    sequence's mean next-token loss on its own tokens (over its mask's targets, when given);
+    "model" (fusion-bench's): the gradient of `_model_expectation`, the model's own distribution
+    over each target position's next token in place of the data's token, summed over them.
+  mesh: each batch split over its data axes (`_place`), as for `grams`."""
+  if fisher not in FISHERS:
+    raise ValueError(f"fisher {fisher!r}: the Fisher is one of {', '.join(FISHERS)}")
   params = _replicate(params, mesh)
   totals, count = None, 0
   for batch in batches:
     tokens, mask = _split(batch, lambda t: t - 1)
     count += int(tokens.shape[0])
-    squared = jax.tree.map(lambda g: np.asarray(g, np.float64), _batch_fisher(cfg, params, *_place(tokens, mask, mesh)))
+    squared = jax.tree.map(lambda g: np.asarray(g, np.float64),
+                           _batch_fisher(cfg, params, *_place(tokens, mask, mesh), fisher))
     totals = squared if totals is None else jax.tree.map(np.add, totals, squared)
   if totals is None:
     raise ValueError("diagonal_fisher: no batches")

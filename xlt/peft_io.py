@@ -94,11 +94,23 @@ def to_peft(cfg: model_lib.Config, params, adapters, family: str | None = None,
   conv = (family or pretrained.guess_family(cfg)) == "gpt2"  # Conv1D: PEFT's fan_in_fan_out
   config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model or None,
             "r": r, "lora_alpha": s * math.sqrt(r), "use_rslora": True, "lora_dropout": 0.0, "bias": "none",
-            "fan_in_fan_out": conv, "target_modules": sorted({m.rsplit(".", 1)[-1] for m in ranks}),
+            "fan_in_fan_out": conv, "target_modules": _target_modules(cfg, params, set(ranks), family),
             "rank_pattern": {f"^{m}$": k for m, k in other.items()},
             "alpha_pattern": {f"^{m}$": s * math.sqrt(k) for m, k in other.items()},
             "inference_mode": True, "init_lora_weights": True, "modules_to_save": None, "use_dora": False}
   return config, tensors
+
+
+def _target_modules(cfg, params, adapted: set, family) -> list[str]:
+  """PEFT's target_modules for the `adapted` modules: their last names (q_proj, ...) when those
+  name exactly them, else the full module names, so peft adapts only these (by last names, an
+  adapter of some layers would get fresh adapters on the others' modules, peft warning of
+  their missing keys)."""
+  from xlt import lora
+  short = {m.rsplit(".", 1)[-1] for m in adapted}
+  every = {m for mods in module_maps(cfg, params, lora.targets(params), family).values() for m, _, _ in mods}
+  named = {m for m in every if m.rsplit(".", 1)[-1] in short}
+  return sorted(short) if named == adapted else sorted(adapted)
 
 
 def save(cfg: model_lib.Config, params, adapters, out_dir: str, *, family: str | None = None,
@@ -134,6 +146,10 @@ def read(adapter_dir: str, cfg: model_lib.Config, params, *, family: str | None 
   grouped: dict = {}
   for m, (a, b, scaling) in modules.items():
     path, out_rows, in_cols, shape = by_module[m]
+    if a.shape[1] != len(in_cols) or b.shape[0] != len(out_rows):
+      raise ValueError(f"{os.path.join(adapter_dir, WEIGHTS)}: module {m}'s lora_A {list(a.shape)} and lora_B "
+                       f"{list(b.shape)} do not fit its weight [{len(out_rows)}, {len(in_cols)}] (lora_A [r, in], "
+                       "lora_B [out, r])")
     grouped.setdefault(path, []).append((a, b * (1.0 if one else scaling), out_rows, in_cols, shape))
   out: dict = {"scale": np.float32(next(iter(scales.values())) if one else 1.0)}
   for path, parts in grouped.items():

@@ -125,6 +125,9 @@ def _check_record(rec, where: str) -> dict:
   raise SFTError(f"{where}: needs 'prompt' and 'completion', or 'messages'; has keys {sorted(rec)}")
 
 
+check_record = _check_record  # one line's kind, checked: xlt.merge_data reads these beside plain text
+
+
 def read_jsonl(path: str, max_bytes: int = MAX_FILE_BYTES) -> list[dict]:
   """The file's examples, each checked (`_check_record`); blank lines skipped. The file is
   size-checked before it is read."""

@@ -411,7 +411,8 @@ def _exact_match(c, prep: Prep, params) -> dict:
 
 
 def outputs(c, prep: Prep, trained: dict, workdir: str):
-  """Writes every model but the base as a Hugging Face directory (workdir/models/<slug>) and
+  """Writes every model but the base as a Hugging Face directory (workdir/models/<slug>; a LoRA
+  expert also as its PEFT adapter, workdir/models/<slug>-peft) and
   scores all of them: results rows, the table and the summary."""
   built = {"base": prep.base, **models(c, prep, trained)}
   steps = {n: {"best step": int(b), "stopped at step": int(st)} for t in trained.values()
@@ -429,6 +430,7 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
     if tasks:  # lm-eval's tasks, in-process on the params in memory
       by_task = eval_scores.score(prep.cfg, device, prep.tok, tasks, options, name=name, manager=manager)
       lm_eval_scores[name] = {t: {m: [v] for m, v in ms.items()} for t, ms in by_task.items()}
+  adapters = finetune_peft.write_adapters(c, prep, trained, workdir, dirs)
   rows = []
   for name, s in scores.items():
     for metric, values in s.items():
@@ -436,7 +438,7 @@ def outputs(c, prep: Prep, trained: dict, workdir: str):
         rows.append(results_lib.make_row(experiment=c.name, task=c.task, language=role, role=role, condition=name,
                                          metric=metric, values=[value], samples=None))
   rows += eval_scores.rows(lm_eval_scores, results_lib.make_row, experiment=c.name, task=c.task)
-  summary = {"base": c.base, "models": dirs, "data": {k: d.counts for k, d in prep.data.items()},
+  summary = {"base": c.base, "models": dirs, "adapters": adapters, "data": {k: d.counts for k, d in prep.data.items()},
              "memory_per_model": {k: prep.estimate[k] for k in (*memory.PARTS, "total")},
              "partition_summary": {p: partition.summary(t, prep.base) for p, t in prep.labels.items()},
              "best_steps": {n: s for t in trained.values()

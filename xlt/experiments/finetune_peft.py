@@ -11,6 +11,8 @@ adapters' partition cells (a member's recipe is data, as in the weight stage):
   simultaneous LoRA [p] k=K        the two datasets take turns, K steps each, each training
                                    its label's adapters; the resting label's adapters and
                                    moments stay as they are (`c.lora.simultaneous_presets`).
+Each trained LoRA recipe is written twice: merged into the base (a Hugging Face model directory)
+and beside it as its PEFT adapter (<directory>-peft: `write_adapters`).
 Compositions (testbed_peft.compose_lora), each merged into the base as plain parameters:
 LoRA freeze-then-train [p] (both partial experts' adapters), LoRA layer swaps
 (`c.lora.swaps`, "bottom,top,transition": the swapped blocks' adapters from the language
@@ -28,7 +30,10 @@ config) as arguments, so this module does not import it.
 
 from __future__ import annotations
 
+import os
+
 import jax
+import numpy as np
 
 from xlt import loop as loop_lib
 from xlt import lora, merge, neurons, partition
@@ -96,6 +101,40 @@ def lora_models(c, prep, trained) -> dict:
   adapters = trained.params["lora"]
   by_name = {name: kind_lib.member(adapters, k) for k, name in enumerate(trained.stage.info["recipes"])}
   return testbed_peft.compose_lora(c, prep.base, by_name)
+
+
+def lora_adapters(trained: dict) -> dict:
+  """{recipe name: its trained adapter tree} of every LoRA stage in `trained`, each kernel it
+  left as it was (b = 0: a partial expert's other label) left out, so its PEFT adapter holds
+  only the modules it changed."""
+  out = {}
+  for t in trained.values():
+    if not t.stage.info.get("lora"):
+      continue
+    for k, name in enumerate(t.stage.info["recipes"]):
+      adapters = jax.tree.map(np.asarray, kind_lib.member(t.params["lora"], k))
+      kept = {"scale": adapters["scale"]}
+      for path, (a, b) in merge.factors(adapters).items():
+        if np.any(b):
+          node = kept
+          for key in path[:-1]:
+            node = node.setdefault(key, {})
+          node[path[-1]] = {"a": a.astype(np.float32), "b": b.astype(np.float32)}
+      out[name] = kept
+  return out
+
+
+def write_adapters(c, prep, trained: dict, workdir: str, dirs: dict) -> dict:
+  """Writes each LoRA expert's PEFT adapter (xlt.peft_io: adapter_config.json with the base's
+  path as base_model_name_or_path, adapter_model.safetensors) beside its merged directory,
+  as <its directory>-peft; returns {name: the adapter's directory, relative to workdir}."""
+  from xlt import peft_io
+  base = os.path.abspath(c.base) if os.path.isdir(c.base) else c.base
+  out = {}
+  for name, adapters in lora_adapters(trained).items():
+    out[name] = dirs[name] + "-peft"
+    peft_io.save(prep.cfg, prep.base, adapters, os.path.join(workdir, out[name]), base_model=base, overwrite=True)
+  return out
 
 
 def neuron_short_stage(c, prep, config) -> kind_lib.Stage:

@@ -45,12 +45,12 @@ from xlt.merge.tool import check_output, merge_files
 from xlt.merge import registry
 from xlt.merge.registry import METHODS, Method, describe, merge
 from xlt.param_paths import HF, XLT, Naming, from_rule, naming_for, path_names, path_str
-from xlt.merge.swap import layer_swap, swap_plan
+from xlt.merge.swap import layer_swap, swap_plan, swapped_modules
 
 __all__ = [
     "PEFT_CONFIG", "PEFT_PREFIX", "PEFT_WEIGHTS", "factors", "read_peft", "HF", "METHODS", "Method", "XLT", "Naming", "check_compatible", "check_range", "dare", "default_threshold",
     "delta", "describe", "from_rule", "key_rows", "layer_swap", "leaf_mask", "load", "maet", "magmax",
     "magnitude_weights", "map_leaves", "masked_leaves", "mean_abs_rows", "merge", "merge_files", "check_output", "naming_for", "path_names", "path_str",
-    "plot_row_change", "registry", "row_change", "save", "soup", "sparsify_rows", "swap_plan",
+    "plot_row_change", "registry", "row_change", "save", "soup", "sparsify_rows", "swap_plan", "swapped_modules",
     "task_arithmetic", "ties",
 ]

@@ -49,6 +49,9 @@ from xlt.merge import chat, from_mergekit, registry, sliced, stack, tool
 # checkout or in the installed package alike (xlt.io.config_files)
 _DEFAULT_CONFIG = "merge_files.py"
 
+# mergekit's `lambda` (a Python keyword) as a flag name ml_collections parses: it reads the
+# --config.<path> flags of sys.argv as the config flag is defined, so before that
+sys.argv[1:] = [from_mergekit.keyword_flag(a) for a in sys.argv[1:]]
 # unlocked, accepting new fields: inputs.<role> and options.<name> are whatever the method
 # takes, checked by the registry; the top-level fields are checked in `merge_config`
 _CONFIG = config_flags.DEFINE_config_file("config", None, "merge config file (configs/merge_files.py)",
@@ -170,13 +173,14 @@ def parse_flags(argv: list[str]) -> list[str]:
   """absl's parsing, after turning --config=<file>.yml into --mergekit_yaml=<file>.yml beside
   the default config, so that --config.output=... applies to a YAML too."""
   out = []
-  for a in argv:
+  for a in map(from_mergekit.keyword_flag, argv):  # (what sys.argv was given, renamed alike)
     if a.startswith("--config=") and a.endswith((".yml", ".yaml")):
       out += ["--config=" + config_files.path(_DEFAULT_CONFIG), "--mergekit_yaml=" + a.split("=", 1)[1]]
     else:
       out.append(a)
   if any(a.startswith("--mergekit_yaml") for a in out) and not any(a.startswith("--config=") for a in out):
     out.insert(1, "--config=" + config_files.path(_DEFAULT_CONFIG))
+  out = config_files.config_argv(out)  # --config=configs/merge_files.py from any directory
   if any(a in ("--help", "-h", "--helpshort", "-?") for a in out[1:]):
     # once, exit 0: the methods first (what a user looks for), then this module's flags
     print(__doc__ + "\nMethods (--list_methods prints only these):\n\n" + registry.describe() + "\n\nFlags:\n"

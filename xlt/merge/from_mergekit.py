@@ -21,6 +21,7 @@ differ (density 1.0, ties/dare in mergekit's convention), so a mapped merge is m
 from __future__ import annotations
 
 import json
+import keyword
 import os
 
 from xlt.io import fileio
@@ -434,14 +435,24 @@ def _passthrough(slices, scale=None) -> dict:
           "options": {"slices": [list(p) for p in parts]} | ({"scale": scale} if scale is not None else {})}
 
 
+def keyword_flag(arg: str) -> str:
+  """A --config.<path>=... flag with each Python keyword of its path (mergekit's `lambda`)
+  given a trailing underscore, which ml_collections' flag parser (it reads the path as Python)
+  takes; flags_aliases takes the underscore off again."""
+  if not arg.startswith("--config."):
+    return arg
+  path, eq, value = arg[len("--config."):].partition("=")
+  return "--config." + ".".join(p + "_" if keyword.iskeyword(p) else p for p in path.split(".")) + eq + value
+
+
 def flags_aliases(method: str, inputs: dict, options: dict) -> tuple[str, dict]:
   """(xlt method, options) of a command-line merge given in mergekit's names: a mergekit method
   (linear, dare_linear, a nuslerp or multislerp without a base: the xlt method of that name
   with or without a base, by whether `inputs` has one), `weight` for the per-model weights
   (xlt's weights or lambdas) and the global parameters mergekit's YAML takes (`lambda`,
   `normalize`, `nuslerp_flatten`, ...), mapped as from_mergekit maps them. xlt's own names pass
-  unchanged."""
-  options = dict(options)
+  unchanged; a keyword's flag name (`lambda_`: keyword_flag) is the keyword."""
+  options = {k[:-1] if k.endswith("_") and keyword.iskeyword(k[:-1]) else k: v for k, v in options.items()}
   with_base, without = _METHODS.get(method, (None, None))
   if (method not in registry.METHODS and method in _METHODS) or (method == with_base and without and
                                                                   "base" not in inputs):

@@ -165,6 +165,7 @@ def read_peft(adapter_dir: str) -> tuple[dict, dict]:
       raise ValueError(f"{path} is not JSON: {e}") from None
   if config.get("peft_type") != "LORA" or config.get("use_dora") or config.get("bias", "none") != "none":
     raise ValueError(f"{path}: only plain LoRA adapters are read (peft_type LORA, no DoRA, bias none)")
+  _check_fields(path, config)
   weights = os.path.join(adapter_dir, PEFT_WEIGHTS)
   fileio.check_size(weights, MAX_WEIGHTS_BYTES)
   modules: dict = {}
@@ -176,13 +177,92 @@ def read_peft(adapter_dir: str) -> tuple[dict, dict]:
     modules.setdefault(module, {})[which[0]] = np.asarray(x, np.float64)
   if bad := next((m for m, ab in modules.items() if set(ab) != {"A", "B"}), None):
     raise ValueError(f"{weights}: module {bad} has {sorted(modules[bad])} of the factors A and B")
+  for m, ab in modules.items():
+    _check_factors(weights, config, m, ab["A"], ab["B"])
   return config, {m: (ab["A"], ab["B"], _peft_scaling(config, m, ab["A"].shape[0])) for m, ab in modules.items()}
 
 
-def _peft_scaling(config: dict, module: str, rank: int) -> float:
+# LoraConfig fields (peft 0.21) that change what an adapter computes, or what base it applies to,
+# and that xlt does not model: each must have its default (None, False or empty), else the adapter
+# is refused rather than applied as plain LoRA
+_UNMODELLED = ("alora_invocation_tokens", "layer_replication", "target_parameters", "trainable_token_indices",
+               "modules_to_save", "lora_bias", "use_qalora", "use_bdlora", "megatron_config", "loftq_config",
+               "velora_config", "monteclora_config", "kasa_config", "arrow_config")
+# init_lora_weights: these only draw the factors; PiSSA, OLoRA, CorDA, LoftQ, LoRA-GA also change
+# the base's weights, so their adapter applies to a base that is not the one it names
+_INITS = (True, False, "gaussian", "eva", "orthogonal")
+
+
+def _check_fields(path: str, config: dict):
+  for field in _UNMODELLED:
+    if config.get(field) not in (None, False, {}, [], ""):
+      raise ValueError(f"{path}: {field}={config[field]!r} is a LoRA variant xlt does not model (only plain LoRA "
+                       "adapters are read)")
+  init = config.get("init_lora_weights", True)
+  if init not in _INITS:
+    raise ValueError(f"{path}: init_lora_weights={init!r} changes the base's weights, which xlt does not model "
+                     f"(plain LoRA initialisations: {', '.join(map(repr, _INITS))})")
+
+
+def _pattern_key(patterns: dict, module: str):
+  """The first key of peft's rank_pattern / alpha_pattern that matches `module` as peft matches
+  it (peft.utils.other.get_pattern_key: the key grouped, after any dotted prefix), or None."""
   import re
-  alpha = next((v for k, v in (config.get("alpha_pattern") or {}).items()
-                if re.fullmatch(k, module) or re.match(rf"(.*\.)?{k}$", module)), config.get("lora_alpha", 8))
+  return next((k for k in patterns or {} if re.match(rf"(.*\.)?({k})$", module)), None)
+
+
+def _targeted(config: dict, module: str) -> bool:
+  """Whether peft adapts `module` by this config (peft's check_target_module_exists: excluded
+  modules first; target_modules a regex matched whole, or names matched whole or as a dotted
+  suffix, a suffix match then filtered by layers_to_transform: the first index after
+  layers_pattern, or after any name, in the module's path)."""
+  import re
+  exclude, targets = config.get("exclude_modules"), config.get("target_modules")
+  if exclude and (re.fullmatch(exclude, module) if isinstance(exclude, str)
+                  else module in exclude or any(module.endswith("." + e) for e in exclude)):
+    return False
+  if targets is None or targets == "all-linear":
+    return True
+  if isinstance(targets, str):
+    return re.fullmatch(targets, module) is not None
+  if module in targets:
+    return True
+  if not any(module.endswith("." + t) for t in targets):
+    return False
+  layers = config.get("layers_to_transform")
+  if layers is None or layers == []:
+    return True
+  pattern = config.get("layers_pattern")
+  if not pattern:
+    found = re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", module)
+  else:
+    found = next((m for p in ([pattern] if isinstance(pattern, str) else pattern)
+                  if (m := re.match(rf"(?:^|.*?\.){p}\.(?P<idx>\d+)\.", module))), None)
+  if found is None:
+    return False
+  return int(found["idx"]) == layers if isinstance(layers, int) else int(found["idx"]) in layers
+
+
+def _check_factors(weights: str, config: dict, module: str, a, b):
+  """A [r, in] and B [out, r] of `module` as the config says: r its rank_pattern's or r, and a
+  module the config adapts; each error names the file and the module."""
+  if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
+    raise ValueError(f"{weights}: module {module}'s lora_A {list(a.shape)} and lora_B {list(b.shape)} are not "
+                     "[r, in] and [out, r]")
+  key = _pattern_key(config.get("rank_pattern"), module)
+  r = config["rank_pattern"][key] if key is not None else config.get("r", a.shape[0])
+  if int(r) != a.shape[0]:
+    where = f"rank_pattern[{key!r}]" if key is not None else "r"
+    raise ValueError(f"{weights}: module {module} has rank-{a.shape[0]} factors, adapter_config.json's {where} "
+                     f"says {r}")
+  if not _targeted(config, module):
+    raise ValueError(f"{weights}: module {module} has LoRA factors that adapter_config.json does not target "
+                     "(target_modules / exclude_modules / layers_to_transform): peft would not load them")
+
+
+def _peft_scaling(config: dict, module: str, rank: int) -> float:
+  key = _pattern_key(config.get("alpha_pattern"), module)
+  alpha = config["alpha_pattern"][key] if key is not None else config.get("lora_alpha", 8)
   return float(alpha) / (np.sqrt(rank) if config.get("use_rslora") else rank)
 
 

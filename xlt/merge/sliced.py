@@ -75,7 +75,7 @@ def merge_sliced(method: str, inputs: dict, ranges: list[list[list[int]]], model
   method's options for slice s."""
   m = registry.get(method)
   trees = {p: tool.load_input(p) for p in models}
-  nm = naming_lib.naming_for(list(trees[models[0]]), naming)
+  nm = registry.naming_for_method(m, None, list(trees[models[0]]), naming)  # a block pattern too (GPT-2's YAML)
   virtual = {p: stack.stack_trees({p: trees[p]}, [(p, *r[j]) for r in ranges], nm) for j, p in enumerate(models)}
   names = list(virtual[models[0]])
   where, starts, at = {}, [], 0

@@ -1,5 +1,5 @@
-"""Merges in the singular subspaces of the task vectors: TSV-M (task singular vectors) and Iso-C /
-Iso-CTS (isotropic merging). Each a per-tensor function of the registry (xlt.merge.declare),
+"""Merges in the singular subspaces of the task vectors: TSV-M (task singular vectors), Iso-C /
+Iso-CTS (isotropic merging) and WUDI (each task vector's interference on its own row space). Each a per-tensor function of the registry (xlt.merge.declare),
 checked against fusion-bench's implementations by tests/test_merge_subspace.py.
 
 A *matrix* is a tensor of two or more axes, seen as [axis 0, the rest] (a torch / Hugging Face
@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from xlt.merge import core, declare
+from xlt.param_paths import path_str
 
 _TSV = "Gargiulo et al. 2025, Task Singular Vectors: Reducing Task Interference in Model Merging (TSV-M)"
 _ISO = "Marczak et al. 2025, No Task Left Behind: Isotropic Model Merging with Common and Task-Specific Subspaces"
@@ -107,11 +108,18 @@ def _matrix_merge(b, tvs, merge_rows):
 def _alpha(_, *, alpha: float, **options):
   if not np.isfinite(alpha):
     raise ValueError(f"alpha must be a finite number, got {alpha}")
+  if "exclude_keys" in options:
+    options["exclude_keys"] = _names(options["exclude_keys"])
   return {"alpha": alpha, **options}
 
 
+def _names(keys) -> tuple[str, ...]:
+  """exclude_keys as a tuple of tensor names: a list, or a comma-separated string (the command line)."""
+  return tuple(k for k in keys.split(",") if k) if isinstance(keys, str) else tuple(keys or ())
+
+
 @declare.per_tensor("tsv_m", ("base", "experts+"), paper=_TSV, prepare=_alpha)
-def tsv_m(base, experts, *, alpha: float = 1.0):
+def tsv_m(base, experts, *, alpha: float = 1.0, exclude_keys: tuple = (), path=()):
   """TSV-M (Gargiulo et al. 2025): each task vector's top singular vectors, stacked and
   decorrelated, per matrix.
 
@@ -123,8 +131,12 @@ def tsv_m(base, experts, *, alpha: float = 1.0):
 
   alpha: the scale of the merged task vector (the paper's alpha, 1.0 by default, tuned on
     validation data there).
+  exclude_keys: tensor names that take the mean task vector instead (fusion-bench's
+    exclude_keys, e.g. the embeddings and head); a comma-separated string on the command line.
   """
   b, tvs = _task_vectors(base, experts)
+  if path_str(path) in exclude_keys:
+    return b + alpha * (sum(tvs) / len(tvs))
 
   def merge_rows(rows):
     k = int(min(rows[0].shape) * (1 / len(rows)))  # fusion-bench's expression, to its rounding
@@ -204,3 +216,54 @@ def iso_cts(base, experts, *, alpha: float = 1.0, common_space_fraction: float =
   b, tvs = _task_vectors(base, experts)
   merged = _matrix_merge(b, tvs, lambda rows: _iso_cts_rows(rows, common_space_fraction))
   return b + alpha * (sum(tvs) / len(tvs) if merged is None else merged)
+
+
+_WUDI = ("Cheng et al. 2025, Whoever Started the Interference Should End It: Guiding Data-Free Model Merging "
+         "via Task Vectors (WUDI)")
+
+
+def _wudi_options(_, *, steps: int, lr: float, exclude_keys=()):
+  if int(steps) != steps or steps < 0:
+    raise ValueError(f"wudi steps must be a non-negative integer, got {steps}")
+  if not lr > 0:
+    raise ValueError(f"wudi lr must be positive, got {lr}")
+  return {"steps": int(steps), "lr": float(lr), "exclude_keys": _names(exclude_keys)}
+
+
+def _wudi_rows(rows, steps: int, lr: float):
+  """WUDI's merged task vector of one matrix: from the sum of the task vectors T_i, `steps` of
+  Adam (torch's: betas 0.9, 0.999, eps 1e-8, no weight decay) on
+  sum_i |(M - T_i) T_i^T|_F^2 / |T_i|_F^2, whose gradient is sum_i 2 (M - T_i) T_i^T T_i / |T_i|^2."""
+  tvs = np.stack(rows)  # [n, out, in]
+  norms = np.maximum(np.square(tvs).sum(axis=(1, 2)), 1e-300)[:, None, None]
+  m = tvs.sum(axis=0)
+  first, second = np.zeros_like(m), np.zeros_like(m)
+  for t in range(1, steps + 1):
+    grad = (2 * ((m[None] - tvs) @ tvs.transpose(0, 2, 1)) @ tvs / norms).sum(axis=0)
+    first = 0.9 * first + 0.1 * grad
+    second = 0.999 * second + 0.001 * grad * grad
+    m = m - (lr / (1 - 0.9 ** t)) * first / (np.sqrt(second) / np.sqrt(1 - 0.999 ** t) + 1e-8)
+  return m
+
+
+@declare.per_tensor("wudi", ("base", "experts+"), paper=_WUDI, prepare=_wudi_options)
+def wudi(base, experts, *, steps: int = 300, lr: float = 1e-5, exclude_keys: tuple = (), path=()):
+  """WUDI merging (Cheng et al. 2025), data-free: per matrix, the merged task vector M that
+  minimises each task vector's interference on its own input subspace, sum_i |(M - T_i)
+  T_i^T|_F^2 / |T_i|_F^2 (the task vectors' rows standing for their tasks' inputs), by Adam from
+  the sum of the task vectors, as the authors' and fusion-bench's code do; every other tensor is
+  the mean task vector. The result is base + M (no scale).
+
+  steps: Adam's steps (fusion-bench's iter_num, 300).
+  lr: Adam's learning rate (1e-5, fixed in fusion-bench and the authors' code).
+  exclude_keys: tensor names left to the mean task vector (fusion-bench's exclude_keys, e.g. the
+    embeddings and head); a comma-separated string on the command line.
+
+  Cost: each step multiplies every task vector twice ([out, in] x [in, out], [out, out] x
+  [out, in]) in float64 on the CPU: 300 steps on a 4096-square weight take minutes.
+  """
+  b, tvs = _task_vectors(base, experts)
+  if path_str(path) in exclude_keys:
+    return b + sum(tvs) / len(tvs)
+  merged = _matrix_merge(b, tvs, lambda rows: _wudi_rows(rows, steps, lr))
+  return b + (sum(tvs) / len(tvs) if merged is None else merged)

@@ -21,6 +21,21 @@ from xlt.merge import combine, core, declare
 from xlt.param_paths import XLT, Naming
 
 NON_BLOCK_RULES = ("average", "task", "language")
+MODULES = ("attn", "mlp", "norm")  # the kinds of a block's parameters (xlt.param_paths' block_kind)
+
+
+def swapped_modules(modules) -> tuple[str, ...] | None:
+  """The module kinds `modules` names ("attn", "mlp", "norm"; a sequence, or a string of them
+  joined by "," or "+": "attn+norm" is one value of a merge search's choice), or None for
+  "all" (the whole block)."""
+  if isinstance(modules, str):
+    if modules == "all":
+      return None
+    modules = [m.strip() for m in modules.replace("+", ",").split(",") if m.strip()]
+  kinds = tuple(modules) if isinstance(modules, (list, tuple)) else ()
+  if not kinds or any(not isinstance(k, str) or k not in MODULES for k in kinds):
+    raise ValueError(f"layer swap: modules must be 'all' or kinds among {', '.join(MODULES)}, got {modules!r}")
+  return kinds
 
 
 def swap_plan(num_blocks: int, bottom: int, top: int, lower_transition: int = 0,
@@ -87,7 +102,8 @@ def num_blocks_of(tree, naming: Naming = XLT, expected: int | None = None) -> in
 @declare.method("layer_swap", ("task_expert", "language_expert"), paper=combine.LAYER_SWAPPING, layer_aware=True)
 def layer_swap(task_expert, language_expert, *, bottom: int, top: int, lower_transition: int = 0,
                upper_transition: int = 0, task_weight: float = 1.0, language_weight: float = 1.0,
-               non_block: str = "average", num_blocks: int | None = None, naming: Naming = XLT):
+               non_block: str = "average", num_blocks: int | None = None, modules: str | tuple = "all",
+               naming: Naming = XLT):
   """Layer swapping: the task expert with its bottom and top blocks replaced by the
   language expert's.
 
@@ -110,6 +126,11 @@ def layer_swap(task_expert, language_expert, *, bottom: int, top: int, lower_tra
     non_block: parameters outside the blocks (embedding, head): "average" (with the same
       weights; the paper's finding), "task" or "language".
     num_blocks: the block count L, checked against the tree's when given.
+    modules: which of a swapped (or transition) block's parameters come from the language
+      expert: "all" (the whole block, the paper's), or kinds among "attn", "mlp" and "norm"
+      (a tuple, or "attn,mlp" / "attn+mlp" on the command line): "attn" swaps the attention alone, "mlp"
+      the MLP alone (module-wise swapping; the rest of the block stays the task expert's).
+      A block's norms are "norm": listed, they move too.
     naming: how paths name blocks (`naming.XLT` for xlt.model).
 
   Every parameter inside a block (norms included) moves with its block; the paper's
@@ -128,10 +149,11 @@ def layer_swap(task_expert, language_expert, *, bottom: int, top: int, lower_tra
                    upper_transition, task_weight, language_weight)
   non_block_weight = {"average": transition_weight(task_weight, language_weight),
                       "task": 0.0, "language": 1.0}[non_block]
+  kinds = swapped_modules(modules)
 
   def merge(path, task, lang):
-    block = naming.block_kind(path)[0]
-    w = non_block_weight if block is None else plan[block]
+    block, kind = naming.block_kind(path)
+    w = non_block_weight if block is None else plan[block] if kinds is None or kind in kinds else 0.0
     if w == 0.0:
       return task
     if w == 1.0:

@@ -162,16 +162,20 @@ def merge_models(c, base, task, lang, specs, statistics=None, source_language=No
 
 def merges(c, seed: int = 0) -> list[tuple[str, str, dict]]:
   """The merges the testbed scores, as (table label, registry method, options), in table order:
-  the config's layer swaps, soups, task arithmetic, TIES, DARE and MAET, then `merge.extra`
+  the config's layer swaps (each also module-wise, per `merge.swap_modules`), soups, task arithmetic, TIES, DARE and MAET, then `merge.extra`
   ("method option=value ..." for any registry method whose inputs the testbed has: the task
   and language experts, the base, the source-language expert; a data-aware one, RegMean,
   Fisher, Localize-and-Stitch with losses="data", gets its statistics from each expert's own
   training data: testbed_statistics). A soup's weights="magnitude" are computed from the
   experts' deltas."""
   m = c.merge
-  out = [(f"layer swap b={b} u={u} t={t}", "layer_swap",
-          dict(bottom=b, top=u, lower_transition=t, upper_transition=t, non_block=m.non_block))
-         for b, u, t in recipe_lib.swaps(c.merge.swaps, "merge.swaps")]
+  out = []
+  for b, u, t in recipe_lib.swaps(c.merge.swaps, "merge.swaps"):
+    swap = dict(bottom=b, top=u, lower_transition=t, upper_transition=t, non_block=m.non_block)
+    out.append((f"layer swap b={b} u={u} t={t}", "layer_swap", swap))
+    # module-wise: only these kinds of the swapped blocks from the language expert
+    out += [(f"layer swap b={b} u={u} t={t} [{k}]", "layer_swap", {**swap, "modules": str(k)})
+            for k in m.get("swap_modules", ())]
   out += [("soup", "soup", {}), ("soup (magnitude)", "soup", {"weights": "magnitude"})]
   out += [(f"task arithmetic λ={lam}", "task_arithmetic", {"lambdas": float(lam)}) for lam in m.task_arithmetic]
   # TIES in the rule its recorded results were made with (xlt.merge.combine.ties: convention)
@@ -207,6 +211,8 @@ def check(c, num_layers: int):
                            c.partition.embeddings, c.partition.head)
   for b, u, t in recipe_lib.swaps(c.merge.swaps, "merge.swaps"):
     merge.swap_plan(num_layers, b, u, t, t)
+  for k in c.merge.get("swap_modules", ()):
+    merge.swapped_modules(k)
   _check_merges(c)
   testbed_statistics.settings(c)
   if not c.simultaneous.steps_per_switch or min(c.simultaneous.steps_per_switch) < 1:

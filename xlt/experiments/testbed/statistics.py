@@ -3,7 +3,8 @@
 A merge in `merge.extra` (or `remerge --merge`) is data-aware when its registry function takes
 statistics only Python can give (xlt.merge.data_aware, xlt.merge.localize):
 
-  regmean               grams    each expert's Gram matrices of its attn / mlp kernels' inputs
+  regmean               grams    each expert's Gram matrices of its attn / mlp kernels' inputs (the
+                                 head takes the mean, as in the recorded results)
   fisher                fishers  each expert's diagonal Fisher
   localize_and_stitch   losses   with losses="data" in its spec: the mask search on each
                                  expert's loss (without it, the paper's data-free variant)
@@ -60,11 +61,8 @@ def settings(c) -> dict:
   return out
 
 
-def input_mask(loss_mask) -> np.ndarray:
-  """[N, T] 0/1: the positions up to each sequence's last target (prompt, answer and EOS), from
-  training's loss_mask [N, T - 1] (position j predicts token j + 1): not the padding after."""
-  targets = np.pad(np.asarray(loss_mask) > 0, ((0, 0), (1, 0)))  # [N, T]: token j is a target
-  return np.flip(np.maximum.accumulate(np.flip(targets, 1), axis=1), 1).astype(np.float32)
+# the positions up to each sequence's last target (prompt, answer and EOS), not the padding after
+input_mask = merge_statistics.input_mask
 
 
 def sample(encoded: dict, examples: int, seed) -> dict:
@@ -90,7 +88,8 @@ class Statistics:
 
   def grams(self, experts) -> list[dict]:
     if "grams" not in self._done:
-      self._done["grams"] = [merge_statistics.grams(self.cfg, e, self._batches(t, input_mask(d["loss_mask"])))
+      self._done["grams"] = [merge_statistics.grams(self.cfg, e, self._batches(t, input_mask(d["loss_mask"])),
+                                                    head=False)
                              for t, (e, d) in enumerate(zip(experts, self.data))]
     return self._done["grams"]
 
