@@ -112,3 +112,26 @@ def test_merge_data_never_writes_over_an_input_or_an_existing_model(tmp_path, ex
   before = snapshot(tmp_path)
   refused(run("xlt.merge_data", *base, f"--config.output={other}"), "--overwrite")
   assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("at", ["_write_into", "_replace"])
+def test_a_merge_killed_while_it_writes_leaves_the_old_model_as_it_was(tmp_path, experts, at):
+  """SIGKILL while the new model is being written (or just before it is moved into place): the
+  model it was to replace is byte-identical, and the next merge clears the dead one's files."""
+  out = tmp_path / "merged"
+  assert merge(f"--config.inputs.experts={','.join(experts)}", f"--config.output={out}").returncode == 0
+  (out / "notes.txt").write_text("mine")
+  before = snapshot(out)
+  kill = (f"import os, signal, sys, runpy; from xlt.io import hf_dir; real = hf_dir.{at}\n"
+          "def dying(*a, **k):\n  real(*a, **k) if '" + at + "' == '_write_into' else None\n"
+          "  os.kill(os.getpid(), signal.SIGKILL)\n"
+          f"hf_dir.{at} = dying; sys.argv = ['xlt.merge'] + sys.argv[1:]; runpy.run_module('xlt.merge', run_name='__main__')")
+  r = subprocess.run([sys.executable, "-c", kill, f"--config={REPO}/configs/merge_files.py", "--config.method=soup",
+                      "--config.heatmaps=false", f"--config.inputs.experts={','.join(experts)}",
+                      f"--config.output={out}", "--overwrite"], cwd=REPO, env=ENV, capture_output=True, text=True,
+                     timeout=120)
+  assert r.returncode == -9, r.stderr
+  assert snapshot(out) == before
+  assert merge(f"--config.inputs.experts={','.join(experts)}", f"--config.output={out}", "--overwrite").returncode == 0
+  assert "notes.txt" not in snapshot(out)  # replaced, as asked
+  assert sorted(os.listdir(tmp_path)) == ["merged", "runs"]  # nothing of the killed merge is left
