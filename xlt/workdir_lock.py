@@ -61,15 +61,25 @@ def hold(workdir: str, index: int | None = None) -> Iterator[str]:
   if key in _HELD:
     _HELD[key][1] += 1
   else:
-    _HELD[key] = [_acquire(path, workdir, _process_index() if index is None else index), 1]
+    i = _process_index() if index is None else index
+    created = not os.path.lexists(os.path.join(path, lock_name(i)))
+    _HELD[key] = [_acquire(path, workdir, i), 1, created]
+  failed = False
   try:
     yield path
+  except BaseException:
+    failed = True
+    raise
   finally:
     held = _HELD.get(key)  # gone when `release` dropped it inside the body
     if held is not None:
       held[1] -= 1
       if not held[1]:
-        _HELD.pop(key)[0].close()
+        _HELD.pop(key)
+        if failed and held[2]:  # a refused or failed run leaves the workdir as it found it
+          with contextlib.suppress(OSError):
+            os.remove(held[0].name)
+        held[0].close()
 
 
 def release(workdir: str) -> None:
