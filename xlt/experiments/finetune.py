@@ -235,6 +235,10 @@ def prepare(c, workdir: str) -> Prep:
   cfg, shapes = pretrained.abstract(c.base, dtype=c.get("param_dtype") or c.dtype or None)
   if c.dtype and c.dtype != cfg.dtype:  # computation in c.dtype on parameters in c.param_dtype
     cfg = dataclasses.replace(cfg, dtype=c.dtype)
+  # a config may set remat / remat_policy (model.Config's: the same values, less activation memory);
+  # configs/finetune.py leaves them out, so the workdirs it made still match their config.json
+  if remat := {k: c[k] for k in ("remat", "remat_policy") if c.get(k)}:
+    cfg = dataclasses.replace(cfg, **remat)
   check(c, cfg.num_layers)
   if c.data.block_size > cfg.block_size:
     raise ValueError(f"data.block_size={c.data.block_size} is over the model's context {cfg.block_size}")
@@ -276,7 +280,7 @@ def _memory(c, cfg, shapes, recipes) -> dict:
   device's memory as it reports it (an accelerator; a CPU reports none)."""
   mesh = sharding.make_mesh(c.mesh)
   est = memory.estimate(cfg, shapes, train_lib.make_optimizer(c.opt), mesh, batch=c.train.batch_size,
-                        seq=c.data.block_size, grad_accum=c.train.grad_accum)
+                        seq=c.data.block_size, grad_accum=c.train.grad_accum, remat=cfg.remat == "block")
   together = len([r for r in recipes if r.variant == "full"]) if c.together else 1
   print(f"finetune: estimated memory of one fully trained model"
         f"{f' (x {together}: they train together)' if together > 1 else ''}\n{memory.format(est)}", flush=True)
