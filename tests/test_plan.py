@@ -128,3 +128,14 @@ def test_roofline_parses_each_collective_and_bounds_the_step():
   t = roofline.step_time(chip, flops=197e12, hbm_bytes=0.0, sent=0.0)
   assert t["bound"] == "flops" and t["step_s"] == pytest.approx(1.0)
   assert roofline.chip_of("TPU v5 lite") is chip and roofline.chip_of("cpu") is None
+
+
+def test_render_puts_the_tables_between_the_docs_markers(tmp_path):
+  _plan("--cpu_devices=2", "--meshes=1x2x1", tmp_path=tmp_path)
+  doc = tmp_path / "scale.md"
+  doc.write_text(f"# Scale\n\nbefore\n{plan_report.BEGIN}\nold table\n{plan_report.END}\nafter\n")
+  assert plan.main([f"--render={tmp_path}/*.json", f"--doc={doc}"]) == 0
+  text = doc.read_text()
+  assert "old table" not in text and text.startswith("# Scale\n\nbefore\n") and text.endswith("after\n")
+  (row,) = [line for line in text.splitlines() if "finetune_task_expert" in line]
+  assert "| 1x2x1 | none |" in row

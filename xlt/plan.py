@@ -23,7 +23,9 @@ analysis' FLOPs and bytes, every collective of the optimized HLO, the roofline s
 ceiling of xlt.roofline (whose docstring states the convention), and xlt.memory's analytic
 estimate beside the compiler's peak. The candidates that fit are ranked by predicted step
 time; one that does not fit says so in one line and what to change. `--output` writes it all
-as JSON (results/plans/*.json; docs/scale.md is rendered from them by `--markdown`).
+as JSON (results/plans/*.json), which `--render` tabulates:
+
+  python -m xlt.plan --render='results/plans/*.json' --doc=docs/scale.md
 
 Exit status: 0 when some candidate of every stage fits, 1 when one does not, 2 for a bad
 command line or config (one line on stderr, as every xlt command).
@@ -47,7 +49,7 @@ REMATS = {"none": ("none", "nothing"), "block": ("block", "nothing"), "block:dot
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str]]]:
   p = cli.Parser(prog="xlt.plan", description="compile xlt's training step for a target and report its cost")
-  p.add_argument("--config", required=True, help="an experiment config file (path[:argument])")
+  p.add_argument("--config", default="", help="an experiment config file (path[:argument])")
   p.add_argument("--topology", default="", help="a TPU slice as libtpu names it, e.g. v5e:4x4 (needs xlt[tpu])")
   p.add_argument("--cpu_devices", type=int, default=0, help="plan for this many CPU devices")
   p.add_argument("--meshes", default="", help="candidate meshes DATAxFSDPxTENSOR, comma-separated (-1: the rest)")
@@ -55,8 +57,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str]]]:
   p.add_argument("--stages", default="", help="plan only these stages (comma-separated names)")
   p.add_argument("--device_memory_gb", type=float, default=0.0, help="the memory per device (default: the chip's)")
   p.add_argument("--output", default="", help="write the plan as JSON here")
+  p.add_argument("--render", default="", help="instead of planning: the tables of these plan files (a glob)")
+  p.add_argument("--doc", default="", help="with --render: replace the tables of this markdown file")
   p.add_argument("--traceback", action="store_true", help="show the full traceback of a user error")
   args, rest = p.parse_known_args(argv)
+  if not args.config and not args.render:
+    raise cli.UserError("--config is required (or --render=<plan files> to tabulate earlier plans)")
   overrides = []
   for a in rest:
     name, eq, value = a.lstrip("-").partition("=")

@@ -69,18 +69,31 @@ def _analytic(cfg, stage, tx, mesh, config, seq, platform) -> dict:
   return {p: est[p] * e for p in (*memory.PARTS, "total")}
 
 
+def _mesh_text(m: dict) -> str:
+  return f"{m['data']}x{m['fsdp']}x{m['tensor']}"
+
+
+def _exhausted(error: Exception) -> str:
+  """The TPU compiler's own words for a step over the chip's memory, in one line."""
+  line = next((x for x in str(error).splitlines() if "RESOURCE_EXHAUSTED" in x), str(error).splitlines()[0])
+  return line.split("RESOURCE_EXHAUSTED:", 1)[-1].strip().rstrip(".")
+
+
+def _remedy(remat: str, temp_bound: bool) -> str:
+  """What shrinks the larger part: the temporaries (activations, gathered weights) or the state."""
+  if temp_bound:
+    return (("--remat=block (model.remat), " if remat == "none" else "") +
+            "a larger train.grad_accum, a smaller train.batch_size, or more devices")
+  return ("more fsdp devices (a larger slice, or a mesh 1xNx1), LoRA, or bfloat16 parameters and optimizer state "
+          "(param_dtype, opt.state_dtype)")
+
+
 def _advice(peak: int, limit: int, mem, remat: str, stage_name: str, spec: dict) -> str:
   """The one line of a candidate that does not fit, naming what to change."""
   args, temp = mem["argument"], mem["temp"]
-  if temp >= args:
-    what = ("--remat=block (model.remat), " if remat == "none" else "") + \
-        "a larger train.grad_accum or a smaller train.batch_size"
-  else:
-    what = ("more fsdp devices (a larger slice, or a mesh 1xNx1), LoRA, or bfloat16 parameters and "
-            "optimizer state (param_dtype, opt.state_dtype)")
-  mesh = f"{spec['data']}x{spec['fsdp']}x{spec['tensor']}"
-  return (f"{stage_name} on mesh {mesh} remat={remat}: does not fit: {peak / GiB:.2f} GiB per device of "
-          f"{limit / GiB:.2f} (arguments {args / GiB:.2f}, temp {temp / GiB:.2f}): try {what}")
+  return (f"{stage_name} on mesh {_mesh_text(spec)} remat={remat}: does not fit: {peak / GiB:.2f} GiB per device of "
+          f"{limit / GiB:.2f} (arguments {args / GiB:.2f}, temp {temp / GiB:.2f}): try "
+          f"{_remedy(remat, temp >= args)}")
 
 
 def _compile(cfg, stage, config, tx, mesh):
@@ -125,6 +138,12 @@ def plan_candidate(c, stage, config, tx, devices, spec: dict, remat: str | None,
     compiled, abstract, st_sh, batch = _compile(cfg, stage, config, tx, mesh)
   except ValueError as e:  # a mesh the devices, the batch or a parameter does not divide
     return {**out, "error": str(e).splitlines()[0]}
+  except Exception as e:  # noqa: BLE001  (a TPU compiler refuses a step over the chip's HBM)
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    return {**out, "fits": False, "compile_s": round(time.time() - t0, 1), "error": _exhausted(e),
+            "advice": f"{stage.name} on mesh {_mesh_text(out['mesh'])} remat={remat}: does not fit: {_exhausted(e)}: "
+                      f"try {_remedy(remat, temp_bound=True)}"}
   ma = compiled.memory_analysis()
   mem = {"argument": ma.argument_size_in_bytes, "output": ma.output_size_in_bytes, "alias": ma.alias_size_in_bytes,
          "temp": ma.temp_size_in_bytes, "code": ma.generated_code_size_in_bytes}
@@ -173,7 +192,7 @@ def _row(x: dict) -> str:
   m = x["mesh"]
   mesh = f"{m['data']}x{m['fsdp']}x{m['tensor']}"
   if "error" in x:
-    return f"  {mesh:>9} {x['remat']:>10}  cannot compile: {x['error'][:150]}"
+    return f"  {mesh:>9} {x['remat']:>10} {'NO' if x.get('fits') is False else '':>4}  {x['error'][:150]}"
   mem, fits = x["memory"], {True: "yes", False: "NO", None: "-"}[x["fits"]]
   time_s = f"{x['roofline']['step_s'] * 1e3:9.1f} {x['roofline']['bound']:>5}" if "roofline" in x else f"{'-':>15}"
   mfu = f"{x['mfu'] * 100:5.1f}%" if "mfu" in x else f"{'-':>6}"
@@ -192,7 +211,7 @@ def rank(candidates: list[dict]) -> list[dict]:
     if "error" in x:
       return (3, 0)
     t = x["roofline"]["step_s"] if "roofline" in x else x["memory"]["peak"]
-    return (0 if x["fits"] is not False else 1, t)
+    return (0 if x["fits"] is not False else 1, t)  # (a refused compile: error and fits False, last)
   return sorted(candidates, key=key)
 
 
@@ -214,8 +233,30 @@ def text(result: dict) -> str:
   return "\n".join(lines)
 
 
+BEGIN, END = "<!-- xlt.plan tables: begin -->", "<!-- xlt.plan tables: end -->"
+
+
+def render(pattern: str, doc: str) -> str:
+  """The tables of the plan files `pattern` (a glob), printed, or written into `doc` between
+  its BEGIN and END lines."""
+  tables = markdown([pattern])
+  if not doc:
+    print(tables, end="")
+    return tables
+  with open(doc) as f:
+    old = f.read()
+  if BEGIN not in old or END not in old:
+    raise cli.UserError(f"--doc={doc}: no {BEGIN} ... {END} lines to put the tables between")
+  head, rest = old.split(BEGIN, 1)
+  with open(doc, "w") as f:
+    f.write(f"{head}{BEGIN}\n{tables}{END}{rest.split(END, 1)[1]}")
+  return tables
+
+
 def run(argv: list[str]):
   args, overrides = plan.parse(argv)
+  if args.render:
+    return render(args.render, args.doc)
   c = plan.load_config(args.config, overrides)
   devices, chip, label = plan.target(args)
   limit = int(args.device_memory_gb * GiB) if args.device_memory_gb else (chip.hbm_bytes if chip else None)
@@ -247,9 +288,12 @@ def markdown(paths: list[str]) -> str:
       r = json.load(f)
     for s in r["stages"]:
       for x in s["candidates"]:
-        if "error" in x:
-          continue
         m = x["mesh"]
+        if "error" in x:
+          lines.append(f"| {r['config'].split('/')[-1]} | {', '.join(s['names'])} | {r['target']} | "
+                       f"{_mesh_text(m)} | {x['remat']} | {'**no**' if x.get('fits') is False else 'error'}: "
+                       f"{x['error']} |" + " |" * 6)
+          continue
         step = f"{x['roofline']['step_s'] * 1e3:.0f} ({x['roofline']['bound']})" if "roofline" in x else "-"
         mfu = f"{x['mfu'] * 100:.1f}%" if "mfu" in x else "-"
         lines.append(f"| {r['config'].split('/')[-1]} | {', '.join(s['names'])} | {r['target']} | "
