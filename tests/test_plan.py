@@ -139,3 +139,10 @@ def test_render_puts_the_tables_between_the_docs_markers(tmp_path):
   assert "old table" not in text and text.startswith("# Scale\n\nbefore\n") and text.endswith("after\n")
   (row,) = [line for line in text.splitlines() if "finetune_task_expert" in line]
   assert "| 1x2x1 | none |" in row
+
+
+def test_gpus_are_planned_analytically_and_labelled(tmp_path):
+  r = _plan("--gpus=h200:2", "--meshes=1x2x1", tmp_path=tmp_path)
+  x = r["stages"][0]["candidates"][0]
+  assert r["target"] == "2x H200 SXM (analytic)" and x["analytic_only"] and x["fits"] is True
+  assert "memory" not in x and x["analytic"]["params"] == _hand_param_bytes(2)

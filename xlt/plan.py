@@ -15,7 +15,8 @@ compile to the same step (the task and the language expert) are planned once.
 
 Targets: `--topology` is a TPU slice as libtpu names it (v5e:4x4, v5p:2x2x2, v6e:4x8, v4:2x2x2;
 `pip install 'xlt[tpu]'`, no TPU needed), `--cpu_devices=N` N fake CPU devices (without it, the
-host's). For each stage, candidate mesh (data x fsdp x tensor: `--meshes`, default the
+host's), `--gpus=h200:8` N GPUs, which cannot be compiled for from here: xlt.memory's analytic
+estimate and a compute-bound time, labelled so. For each stage, candidate mesh (data x fsdp x tensor: `--meshes`, default the
 config's) and remat policy (`--remat`: none, block = model.remat="block" keeping nothing,
 block:dots keeping the dense layers' outputs; default the config's), it reports per device the
 compiled executable's argument / output / temp / code bytes against the chip's memory, the cost
@@ -52,6 +53,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str]]]:
   p.add_argument("--config", default="", help="an experiment config file (path[:argument])")
   p.add_argument("--topology", default="", help="a TPU slice as libtpu names it, e.g. v5e:4x4 (needs xlt[tpu])")
   p.add_argument("--cpu_devices", type=int, default=0, help="plan for this many CPU devices")
+  p.add_argument("--gpus", default="", help="NAME:N, e.g. h200:8: N GPUs, planned analytically (xlt.memory)")
   p.add_argument("--meshes", default="", help="candidate meshes DATAxFSDPxTENSOR, comma-separated (-1: the rest)")
   p.add_argument("--remat", default="", help=f"candidate remat policies, comma-separated: {', '.join(REMATS)}")
   p.add_argument("--stages", default="", help="plan only these stages (comma-separated names)")
@@ -69,8 +71,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str]]]:
     if not a.startswith("--config.") or not eq:
       raise cli.UserError(f"unrecognized argument {a!r} (overrides are --config.<field>=<value>)")
     overrides.append((name[len("config."):], value))
-  if args.topology and args.cpu_devices:
-    raise cli.UserError("--topology and --cpu_devices are two targets: give one")
+  if sum(map(bool, (args.topology, args.cpu_devices, args.gpus))) > 1:
+    raise cli.UserError("--topology, --cpu_devices and --gpus are targets: give one")
   return args, overrides
 
 
@@ -122,6 +124,14 @@ def target(args) -> tuple[list, roofline.Chip | None, str]:
     devices = list(topo.devices)
     return devices, roofline.chip_of(devices[0].device_kind), f"{args.topology} ({len(devices)} devices)"
   devices = jax.devices("cpu")
+  if args.gpus:  # a mesh of as many CPU devices stands for them: xlt.memory sizes the shards
+    name, _, n = args.gpus.partition(":")
+    if name not in roofline.GPUS or not n.isdigit() or int(n) < 1:
+      raise cli.UserError(f"--gpus={args.gpus}: expected NAME:N with NAME one of {', '.join(roofline.GPUS)}")
+    if int(n) > len(devices):
+      raise cli.UserError(f"--gpus={args.gpus} needs {n} CPU devices to stand for them, this process has "
+                          f"{len(devices)} (run it as `python -m xlt.plan`, which makes them)")
+    return devices[:int(n)], roofline.GPUS[name], f"{n}x {roofline.GPUS[name].name} (analytic)"
   if args.cpu_devices:
     if args.cpu_devices > len(devices):
       raise cli.UserError(f"--cpu_devices={args.cpu_devices} but this process has {len(devices)} CPU devices "
@@ -250,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
 def _prepare_cpu_devices(argv: list[str]):
   """--cpu_devices=N makes N host devices: set before jax is imported."""
   n = next((a.split("=", 1)[1] for a in argv if a.startswith("--cpu_devices=")), None)
+  n = n or next((a.rpartition(":")[2] for a in argv if a.startswith("--gpus=")), None)
   if n and n.isdigit() and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n}".strip()
   if any(a.startswith("--topology") for a in argv):

@@ -69,6 +69,22 @@ def _analytic(cfg, stage, tx, mesh, config, seq, platform) -> dict:
   return {p: est[p] * e for p in (*memory.PARTS, "total")}
 
 
+def _analytic_plan(cfg, stage, config, tx, mesh, chip, limit) -> dict:
+  """A GPU candidate, not compiled: xlt.memory's estimate against the memory, and the time the
+  model FLOPs take at the chip's peak (a lower bound; MFU then 100% by definition: none given)."""
+  seq = stage.members[0].phases[0]["tokens"].shape[1] - 1
+  est = _analytic(cfg, stage, tx, mesh, config, seq, "gpu")
+  n, n_trained = _flops_counts(stage, tx)
+  flops = roofline.model_flops(cfg, n, n_trained, len(stage.members) * config.train.batch_size * seq, seq)
+  out = {"analytic_only": True, "analytic": est, "model_flops": flops, "fits": est["total"] <= limit,
+         "roofline": {"step_s": flops / mesh.size / chip.bf16_flops, "bound": "flops"}}
+  if not out["fits"]:
+    out["advice"] = (f"{stage.name} on mesh {_mesh_text(dict(mesh.shape))}: does not fit (analytic): "
+                     f"{est['total'] / GiB:.2f} GiB per device of {limit / GiB:.2f}: try "
+                     f"{_remedy(cfg.remat, est['activations'] > est['params'] + est['opt_state'])}")
+  return out
+
+
 def _mesh_text(m: dict) -> str:
   return f"{m['data']}x{m['fsdp']}x{m['tensor']}"
 
@@ -134,6 +150,8 @@ def plan_candidate(c, stage, config, tx, devices, spec: dict, remat: str | None,
     mesh = sharding.make_mesh(spec, devices)
     out["mesh"] = dict(mesh.shape)
     sharding.check_batch(config.train.batch_size, mesh)
+    if chip in roofline.GPUS.values():
+      return {**out, **_analytic_plan(cfg, stage, config, tx, mesh, chip, limit)}
     t0 = time.time()
     compiled, abstract, st_sh, batch = _compile(cfg, stage, config, tx, mesh)
   except ValueError as e:  # a mesh the devices, the batch or a parameter does not divide
@@ -193,6 +211,10 @@ def _row(x: dict) -> str:
   mesh = f"{m['data']}x{m['fsdp']}x{m['tensor']}"
   if "error" in x:
     return f"  {mesh:>9} {x['remat']:>10} {'NO' if x.get('fits') is False else '':>4}  {x['error'][:150]}"
+  if x.get("analytic_only"):
+    return (f"  {mesh:>9} {x['remat']:>10} {'yes' if x['fits'] else 'NO':>4}  analytic: xlt.memory "
+            f"{_size(x['analytic']['total'])} per device, at least {x['roofline']['step_s'] * 1e3:.1f} ms (model FLOPs "
+            "at peak); not compiled")
   mem, fits = x["memory"], {True: "yes", False: "NO", None: "-"}[x["fits"]]
   time_s = f"{x['roofline']['step_s'] * 1e3:9.1f} {x['roofline']['bound']:>5}" if "roofline" in x else f"{'-':>15}"
   mfu = f"{x['mfu'] * 100:5.1f}%" if "mfu" in x else f"{'-':>6}"
@@ -210,7 +232,8 @@ def rank(candidates: list[dict]) -> list[dict]:
   def key(x):
     if "error" in x:
       return (3, 0)
-    t = x["roofline"]["step_s"] if "roofline" in x else x["memory"]["peak"]
+    t = x["roofline"]["step_s"] if "roofline" in x else x.get("memory", x["analytic"])["peak" if "memory" in x
+                                                                                         else "total"]
     return (0 if x["fits"] is not False else 1, t)  # (a refused compile: error and fits False, last)
   return sorted(candidates, key=key)
 
@@ -225,7 +248,7 @@ def text(result: dict) -> str:
   for s in result["stages"]:
     lines += ["", f"stage {', '.join(s['names'])} ({s['members']} model(s) in one step)", HEADER]
     lines += [_row(x) for x in s["candidates"]]
-    best = next((x for x in s["candidates"] if "error" not in x), None)
+    best = next((x for x in s["candidates"] if "error" not in x and "collectives" in x), None)
     if best:
       coll = ", ".join(f"{op} x{v['count']} {v['bytes'] / 2**20:.1f} MiB" for op, v in best["collectives"].items())
       lines.append(f"  collectives of the first: {coll or 'none'}")
@@ -289,6 +312,12 @@ def markdown(paths: list[str]) -> str:
     for s in r["stages"]:
       for x in s["candidates"]:
         m = x["mesh"]
+        if x.get("analytic_only"):
+          lines.append(f"| {r['config'].split('/')[-1]} | {', '.join(s['names'])} | {r['target']} | "
+                       f"{_mesh_text(m)} | {x['remat']} | {'yes' if x['fits'] else '**no**'} (analytic) | "
+                       f"- / {_gib(r['limit'])} | >= {x['roofline']['step_s'] * 1e3:.0f} | - | - | "
+                       f"{_gib(x['analytic']['total'])} | - |")
+          continue
         if "error" in x:
           lines.append(f"| {r['config'].split('/')[-1]} | {', '.join(s['names'])} | {r['target']} | "
                        f"{_mesh_text(m)} | {x['remat']} | {'**no**' if x.get('fits') is False else 'error'}: "

@@ -57,6 +57,14 @@ CHIPS = {
     "v6e": Chip("TPU v6e", 918e12, 32 * GiB, 1638e9, 400e9, "docs.cloud.google.com/tpu/docs/v6e"),
 }
 
+# GPUs, which xlt.plan cannot compile for from a host without one: their plans are xlt.memory's
+# analytic estimate and a compute-bound time (NVIDIA's H100 / H200 SXM datasheets: dense bf16
+# without sparsity, NVLink 900 GB/s bidirectional)
+GPUS = {
+    "h100": Chip("H100 SXM", 989e12, 80 * 10**9, 3.35e12, 450e9, "nvidia.com/en-us/data-center/h100"),
+    "h200": Chip("H200 SXM", 989e12, 141 * 10**9, 4.8e12, 450e9, "nvidia.com/en-us/data-center/h200"),
+}
+
 # jax's device_kind of each chip
 _KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5": "v5p", "TPU v5p": "v5p",
           "TPU v6 lite": "v6e", "TPU v6e": "v6e"}
