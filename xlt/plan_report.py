@@ -33,6 +33,18 @@ def _matmul_params(params, trained_mask=None) -> int:
   return n
 
 
+def _one_model(stage):
+  """One member's parameters as shapes: its init_params' first, or a fresh model's (a stage
+  trained from scratch has none)."""
+  import jax
+
+  from xlt import model as model_lib
+
+  if stage.init_params is None:
+    return jax.eval_shape(lambda: model_lib.init_params(stage.model, jax.random.key(0)))
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), stage.init_params)
+
+
 def _flops_counts(stage, tx) -> tuple[int, int]:
   """(matmul parameters of one model, those it trains): a LoRA composite trains its adapters,
   a static freeze its unfrozen leaves, anything else (a gated optimizer: its phases' union) all."""
@@ -40,7 +52,7 @@ def _flops_counts(stage, tx) -> tuple[int, int]:
 
   from xlt import composite
 
-  one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), stage.init_params)
+  one = _one_model(stage)
   base = composite.base(one)
   trained = composite.split(one)[0]
   frozen = getattr(tx, "frozen", None)
@@ -57,7 +69,7 @@ def _analytic(cfg, stage, tx, mesh, config, seq, platform) -> dict:
 
   from xlt import memory, sharding
 
-  one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), stage.init_params)
+  one = _one_model(stage)
   frozen = getattr(tx, "frozen", None)
   inner = getattr(tx, "inner", tx)
   trainable = None if frozen is None else jax.tree.map(lambda f: not f, frozen)
