@@ -119,11 +119,13 @@ def test_roofline_parses_each_collective_and_bounds_the_step():
       "%rs = f32[16]{0} reduce-scatter(f32[64]{0} %g), replica_groups=[2,4]<=[8], dimensions={0}",
       "%ar = f32[100]{0} all-reduce(f32[100]{0} %x), replica_groups={{0,1},{2,3},{4,5},{6,7}}",
       "%cp-start = (f32[10]{0}, f32[10]{0}) collective-permute-start(f32[10]{0} %y), source_target_pairs={{0,1}}",
+      "%arc = (f32[4]{0}, bf16[8]{0}) all-reduce(f32[4]{0} %u, bf16[8]{0} %w), replica_groups=[1,8]<=[8]",
       "%add = f32[100]{0} add(f32[100]{0} %a, f32[100]{0} %b)"])
   found = roofline.collectives(hlo, 8)
   assert [(c["op"], c["bytes"], c["group"]) for c in found] == [
-      ("all-gather", 2048, 4), ("reduce-scatter", 64, 4), ("all-reduce", 400, 2), ("collective-permute", 40, 2)]
-  assert [c["sent"] for c in found] == [1536, 192, 400, 40]
+      ("all-gather", 2048, 4), ("reduce-scatter", 64, 4), ("all-reduce", 400, 2), ("collective-permute", 40, 2),
+      ("all-reduce", 32, 8)]
+  assert [c["sent"] for c in found] == [1536, 192, 400, 40, 56]
   chip = roofline.CHIPS["v5e"]
   t = roofline.step_time(chip, flops=197e12, hbm_bytes=0.0, sent=0.0)
   assert t["bound"] == "flops" and t["step_s"] == pytest.approx(1.0)

@@ -108,7 +108,7 @@ def _group_size(line: str, devices: int) -> int:
 
 def collectives(hlo_text: str, devices: int) -> list[dict]:
   """Every collective instruction of an optimized HLO module (compiled.as_text()):
-  {"op", "bytes" (its result's, per device), "group" (devices per replica group), "sent" (bytes
+  {"op", "bytes" (its results', per device), "group" (devices per replica group), "sent" (bytes
   each device sends, the module doc's ring factors)}. An async pair counts at its -start."""
   out = []
   for line in hlo_text.splitlines():
@@ -118,7 +118,9 @@ def collectives(hlo_text: str, devices: int) -> list[dict]:
     op, result = m.group(2), _shape_bytes(m.group(1))
     if not result:
       continue
-    size = result[-1]  # an async start's tuple ends with its result
+    # a combined collective's tuple holds every result; an async start's holds its operands,
+    # then its results (and a collective-permute's two u32 contexts, a few bytes)
+    size = sum(result[len(result) // 2:]) if m.group(3) else sum(result)
     n = max(_group_size(line, devices), 1)
     sent = {"all-gather": size * (n - 1) / n, "reduce-scatter": size * (n - 1), "all-reduce": 2 * size * (n - 1) / n,
             "all-to-all": size * (n - 1) / n, "collective-permute": size}[op]
