@@ -22,7 +22,7 @@ TINY = ["--config=" + str(REPO / "configs" / "finetune.py"), f"--config.base={BA
 
 def _plan(*extra, tmp_path=None):
   out = str(tmp_path / "plan.json")
-  plan_report.run([*TINY, *extra, f"--output={out}"])
+  plan.run([*TINY, *extra, f"--output={out}"])
   with open(out) as f:
     return json.load(f)
 

@@ -16,8 +16,9 @@ compile to the same step (the task and the language expert) are planned once.
 Targets: `--topology` is a TPU slice as libtpu names it (v5e:4x4, v5p:2x2x2, v6e:4x8, v4:2x2x2;
 `pip install 'xlt[tpu]'`, no TPU needed), `--cpu_devices=N` N fake CPU devices (without it, the
 host's), `--gpus=h200:8` N GPUs, which cannot be compiled for from here: xlt.memory's analytic
-estimate and a compute-bound time, labelled so. For each stage, candidate mesh (data x fsdp x tensor: `--meshes`, default the
-config's) and remat policy (`--remat`: none, block = model.remat="block" keeping nothing,
+estimate and a compute-bound time, labelled so. For each stage, candidate mesh (data x fsdp x
+tensor: `--meshes`, default the config's) and remat policy (`--remat`: none, block =
+model.remat="block" keeping nothing,
 block:dots keeping the dense layers' outputs; default the config's), it reports per device the
 compiled executable's argument / output / temp / code bytes against the chip's memory, the cost
 analysis' FLOPs and bytes, every collective of the optimized HLO, the roofline step time and MFU
@@ -43,9 +44,9 @@ import os
 import sys
 import types
 
-from xlt import cli, roofline
+from xlt import cli, plan_report, roofline
 
-REMATS = {"none": ("none", "nothing"), "block": ("block", "nothing"), "block:dots": ("block", "dots")}
+REMATS = plan_report.REMATS
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str]]]:
@@ -251,10 +252,34 @@ def unique_stages(c, only: str):
   return c, [tuple(v) for v in out.values()]
 
 
-def main(argv: list[str] | None = None) -> int:
-  from xlt import plan_report
+def run(argv: list[str]):
+  args, overrides = parse(argv)
+  if args.render:
+    return plan_report.render(args.render, args.doc)
+  c = load_config(args.config, overrides)
+  devices, chip, label = target(args)
+  limit = chip.hbm_bytes if chip else None
+  if args.device_memory_gb:
+    limit = int(args.device_memory_gb * plan_report.GiB)
+  specs, remats = _mesh_specs(c, args.meshes), _remats(args.remat)
+  c, groups = unique_stages(c, args.stages)
+  result = {"config": args.config, "overrides": dict(overrides), "target": label, "devices": len(devices),
+            "chip": chip.name if chip else devices[0].device_kind, "limit": limit, "stages": []}
+  for stage, config, tx, names in groups:
+    cands = [plan_report.plan_candidate(c, stage, config, tx, devices, spec, r, chip, limit)
+             for spec in specs for r in remats]
+    result["stages"].append({"names": names, "members": len(stage.members), "candidates": plan_report.rank(cands)})
+  print(plan_report.text(result), flush=True)
+  if args.output:
+    with open(args.output, "w") as f:
+      json.dump(result, f, indent=1, default=float)
+  if any(all(x.get("fits") is False or "error" in x for x in s["candidates"]) for s in result["stages"]):
+    raise SystemExit(1)
+  return result
 
-  return cli.run_command("xlt.plan", plan_report.run, argv)
+
+def main(argv: list[str] | None = None) -> int:
+  return cli.run_command("xlt.plan", run, argv)
 
 
 def _prepare_cpu_devices(argv: list[str]):

@@ -1,6 +1,6 @@
 """xlt.plan's compilation of each candidate and its report (xlt.plan's docstring says what and
-why; xlt.roofline the convention of its times): `run(argv)` is the command, `plan_candidate`
-one stage on one mesh with one remat policy, `markdown` the tables of docs/scale.md."""
+why; xlt.roofline the convention of its times): `plan_candidate` compiles one stage on one mesh
+with one remat policy, `text` prints a plan, `markdown` / `render` the tables of docs/scale.md."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import json
 import math
 import time
 
-from xlt import cli, plan, roofline
+from xlt import cli, roofline
 
 GiB = 1 << 30
+# --remat's names: model.Config's (remat, remat_policy)
+REMATS = {"none": ("none", "nothing"), "block": ("block", "nothing"), "block:dots": ("block", "dots")}
 
 
 def _matmul_params(params, trained_mask=None) -> int:
@@ -154,8 +156,8 @@ def plan_candidate(c, stage, config, tx, devices, spec: dict, remat: str | None,
   from xlt import memory, sharding
 
   cfg = stage.model if remat is None else dataclasses.replace(
-      stage.model, remat=plan.REMATS[remat][0], remat_policy=plan.REMATS[remat][1])
-  remat = remat or next(k for k, v in plan.REMATS.items() if v == (cfg.remat, cfg.remat_policy))
+      stage.model, remat=REMATS[remat][0], remat_policy=REMATS[remat][1])
+  remat = remat or next(k for k, v in REMATS.items() if v == (cfg.remat, cfg.remat_policy))
   spec = {k: v for k, v in spec.items() if k not in ("devices", "cpu_devices")}  # the target's devices
   out = {"mesh": {k: int(spec.get(k, 1)) for k in ("data", "fsdp", "tensor")}, "remat": remat}
   try:
@@ -286,29 +288,6 @@ def render(pattern: str, doc: str) -> str:
   with open(doc, "w") as f:
     f.write(f"{head}{BEGIN}\n{tables}{END}{rest.split(END, 1)[1]}")
   return tables
-
-
-def run(argv: list[str]):
-  args, overrides = plan.parse(argv)
-  if args.render:
-    return render(args.render, args.doc)
-  c = plan.load_config(args.config, overrides)
-  devices, chip, label = plan.target(args)
-  limit = int(args.device_memory_gb * GiB) if args.device_memory_gb else (chip.hbm_bytes if chip else None)
-  specs, remats = plan._mesh_specs(c, args.meshes), plan._remats(args.remat)
-  c, groups = plan.unique_stages(c, args.stages)
-  result = {"config": args.config, "overrides": dict(overrides), "target": label, "devices": len(devices),
-            "chip": chip.name if chip else devices[0].device_kind, "limit": limit, "stages": []}
-  for stage, config, tx, names in groups:
-    cands = [plan_candidate(c, stage, config, tx, devices, spec, r, chip, limit) for spec in specs for r in remats]
-    result["stages"].append({"names": names, "members": len(stage.members), "candidates": rank(cands)})
-  print(text(result), flush=True)
-  if args.output:
-    with open(args.output, "w") as f:
-      json.dump(result, f, indent=1, default=float)
-  if any(all(x.get("fits") is False or "error" in x for x in s["candidates"]) for s in result["stages"]):
-    raise SystemExit(1)
-  return result
 
 
 def markdown(paths: list[str]) -> str:
