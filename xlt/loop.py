@@ -182,7 +182,7 @@ def _setup(c, model_cfg, members, evaluate, workdir, tx, mesh, progress, init_pa
   if progress:  # which strategy ran belongs in the run's log (main.py keeps absl at WARNING)
     tqdm.write(f"training {len(members)} model(s) together in one compiled step (train.ensemble="
                f"{t.get('ensemble', 'auto')}: {strategy}), on {platform} devices {dict(mesh.shape)}")
-  step_for = _step_builder(c, model_cfg, members, tx, mesh, accum, init_params)
+  step_for = step_builder(c, model_cfg, members, tx, mesh, accum, init_params)
   _, state_sh, batch_sh = step_for(len(members))
   seq = members[0].phases[0]["tokens"].shape[1] - 1
   rows = None
@@ -194,12 +194,13 @@ def _setup(c, model_cfg, members, evaluate, workdir, tx, mesh, progress, init_pa
   return run, tx, seeds
 
 
-def _abstract_state(model_cfg, tx, seeds, init_params):
+def abstract_state(model_cfg, tx, seeds, init_params):
   """The state's shapes for `seeds`' members, from init_params when given: a composite
-  (xlt.composite) is not the model's own tree."""
+  (xlt.composite) is not the model's own tree. `init_params` may be shapes alone
+  (jax.ShapeDtypeStruct: xlt.plan compiles the step for them)."""
   n = len(seeds)
-  params = None if init_params is None else jax.tree.map(lambda x: x[:n], init_params)
-  return jax.eval_shape(lambda: train_lib.init_state(model_cfg, tx, seeds, params))
+  return jax.eval_shape(lambda p: train_lib.init_state(
+      model_cfg, tx, seeds, None if p is None else jax.tree.map(lambda x: x[:n], p)), init_params)
 
 
 def _check_init_params(model_cfg, init_params, n: int):
@@ -210,7 +211,7 @@ def _check_init_params(model_cfg, init_params, n: int):
     raise ValueError("init_params do not match the model config (one model per member, stacked)")
 
 
-def _step_builder(c, model_cfg, members, tx, mesh, accum: int, init_params) -> Callable[[int], tuple]:
+def step_builder(c, model_cfg, members, tx, mesh, accum: int, init_params) -> Callable[[int], tuple]:
   """live members -> (jitted step, state shardings, batch shardings): one compiled step per
   ensemble size, since stopped members drop out."""
   t = c.train
@@ -221,7 +222,7 @@ def _step_builder(c, model_cfg, members, tx, mesh, accum: int, init_params) -> C
   @functools.lru_cache(maxsize=None)
   def step_for(n):
     s = t.get("ensemble", "auto")
-    abstract = _abstract_state(model_cfg, tx, seeds[:n], init_params)
+    abstract = abstract_state(model_cfg, tx, seeds[:n], init_params)
     return train_lib.make_step(model_cfg, tx, mesh, rules, abstract, accum, gated, s, update=t.get("update", "map"))
 
   return step_for
@@ -229,7 +230,7 @@ def _step_builder(c, model_cfg, members, tx, mesh, accum: int, init_params) -> C
 
 def _restore_or_init(run: _Run, model_cfg, tx, seeds, init_params) -> LoopState:
   """The loop state from the run's newest checkpoint, or a fresh one."""
-  abstract = _abstract_state(model_cfg, tx, seeds, init_params)
+  abstract = abstract_state(model_cfg, tx, seeds, init_params)
   restored = ckpt_lib.restore(run.mngr, ckpt_lib.abstract(abstract, run.state_sh), run.data)
   if restored is None:
     with jax.set_mesh(run.mesh):

@@ -367,7 +367,13 @@ def abstract(path: str, *, dtype: str | None = None):
   a memory estimate can refuse a model before it loads (`load`'s dtype argument)."""
   hf, tensors = hf_dir.read_model_dir(path)
   hf_sizes.check(hf, tensors, path)
-  cfg = config_from_hf(hf, dtype=dtype or _file_dtype(tensors))
+  return abstract_of_config(hf, dtype=dtype or _file_dtype(tensors))
+
+
+def abstract_of_config(hf: dict, *, dtype: str | None = None):
+  """(model.Config, the params' shapes and dtypes) of a Hugging Face config.json (dict) alone,
+  without weight files (xlt.plan): `dtype` defaults to the config's own."""
+  cfg = config_from_hf(hf, dtype=dtype)
   return cfg, _per_layer(cfg, _one_block(cfg)[0])
 
 

@@ -141,7 +141,10 @@ def loop_config(c, train, opt) -> ml_collections.ConfigDict:
 
 
 def stack(trees):
-  """Parameter trees (one per member) stacked on a leading member axis, as numpy arrays."""
+  """Parameter trees (one per member) stacked on a leading member axis, as numpy arrays; as
+  shapes (jax.ShapeDtypeStruct) when any leaf is one (xlt.plan's abstract models)."""
+  if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(trees)):
+    return jax.tree.map(lambda *xs: jax.ShapeDtypeStruct((len(xs), *xs[0].shape), xs[0].dtype), *trees)
   return jax.tree.map(lambda *xs: np.stack(xs), *distributed.to_host(trees))
 
 

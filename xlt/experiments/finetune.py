@@ -233,8 +233,8 @@ def prepare(c, workdir: str) -> Prep:
   the data."""
   del workdir
   cfg, shapes = pretrained.abstract(c.base, dtype=c.get("param_dtype") or c.dtype or None)
-  if c.dtype and c.dtype != cfg.dtype:  # computation in c.dtype on parameters in c.param_dtype
-    cfg = dataclasses.replace(cfg, dtype=c.dtype)
+  # computation in c.dtype on parameters in c.param_dtype; remat / remat_policy where a config sets them (scale_*.py)
+  cfg = dataclasses.replace(cfg, **{k: c[k] for k in ("dtype", "remat", "remat_policy") if c.get(k)})
   check(c, cfg.num_layers)
   if c.data.block_size > cfg.block_size:
     raise ValueError(f"data.block_size={c.data.block_size} is over the model's context {cfg.block_size}")

@@ -16,7 +16,7 @@ def estimate(c, cfg, shapes, recipes) -> dict:
   device's memory as it reports it (an accelerator; a CPU reports none)."""
   mesh = sharding.make_mesh(c.mesh)
   est = memory.estimate(cfg, shapes, train_lib.make_optimizer(c.opt), mesh, batch=c.train.batch_size,
-                        seq=c.data.block_size, grad_accum=c.train.grad_accum)
+                        seq=c.data.block_size, grad_accum=c.train.grad_accum, remat=cfg.remat == "block")
   together = len([r for r in recipes if r.variant == "full"]) if c.together else 1
   print(f"finetune: estimated memory of one fully trained model"
         f"{f' (x {together}: they train together)' if together > 1 else ''}\n{memory.format(est)}", flush=True)

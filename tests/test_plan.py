@@ -1,0 +1,150 @@
+"""xlt.plan on the suite's fake CPU devices at tiny sizes: the compiled step's per-device
+arguments are the sharded state counted by hand, a plan over a tiny memory limit says it does
+not fit and what to change, fsdp brings collectives that one device has none of, LoRA's and a
+frozen partition's steps plan, bad input is one line and exit 2; a TPU topology's plan where
+libtpu is installed (the `tpu` extra), skipped without it; xlt.roofline's parsing and times."""
+
+import importlib.util
+import json
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from xlt import loop, plan, plan_report, roofline
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+BASE = str(REPO / "tests" / "fixtures" / "hf" / "llama")  # Llama-shaped: vocab 64, width 32, 2 blocks
+TINY = ["--config=" + str(REPO / "configs" / "finetune.py"), f"--config.base={BASE}", "--config.data.block_size=16",
+        "--config.train.batch_size=8", "--config.merges=()", "--config.partition.presets=()"]
+
+
+def _plan(*extra, tmp_path=None):
+  out = str(tmp_path / "plan.json")
+  plan.run([*TINY, *extra, f"--output={out}"])
+  with open(out) as f:
+    return json.load(f)
+
+
+def _hand_param_bytes(fsdp: int) -> int:
+  """The tiny Llama's float32 parameters per device with `embed` over fsdp devices (every
+  matrix has an embed axis; the norm scales are replicated by xlt's rules)."""
+  d, v, f, layers, q, kv = 32, 64, 48, 2, 4 * 8, 2 * 8
+  matrices = 2 * v * d + layers * (d * q + 2 * d * kv + q * d + 3 * d * f)
+  norms = (2 * layers + 1) * d
+  return 4 * (matrices // fsdp + norms)
+
+
+def test_arguments_are_the_sharded_state_counted_by_hand(tmp_path):
+  r = _plan("--cpu_devices=4", "--meshes=1x4x1", tmp_path=tmp_path)
+  (stage,) = r["stages"]  # the task and the language expert compile to one step
+  assert stage["names"] == ["finetune_task_expert", "finetune_language_expert"]
+  x = stage["candidates"][0]
+  params = _hand_param_bytes(4)
+  # params, Adam's two moments like them, two int32 counts (Adam's, the schedule's), the step
+  # (int32) and `active` (bool); the batch's rows split 4 ways: tokens [1, 8, 17] int32, mask [1, 8, 16] f32
+  state = 3 * params + 2 * 4 + 4 + 1
+  batch = (8 * 17 * 4 + 8 * 16 * 4) // 4
+  assert x["memory"]["argument"] == state + batch
+  assert x["state_bytes"] == state
+  assert x["memory"]["alias"] == state  # the donated state's buffers are the outputs'
+  assert x["analytic"]["params"] == params  # xlt.memory counts the same shards
+  assert x["fits"] is None  # no limit given on a CPU
+
+
+def test_over_a_tiny_limit_it_says_so_and_what_to_change(tmp_path, capsys):
+  with pytest.raises(SystemExit) as e:
+    _plan("--cpu_devices=2", "--meshes=1x2x1", "--device_memory_gb=0.00001", tmp_path=tmp_path)
+  assert e.value.code == 1
+  advice = [line for line in capsys.readouterr().out.splitlines() if "does not fit" in line]
+  assert len(advice) == 1 and "try" in advice[0] and "mesh 1x2x1" in advice[0]
+  with open(tmp_path / "plan.json") as f:
+    assert json.load(f)["stages"][0]["candidates"][0]["fits"] is False
+
+
+def test_fsdp_brings_collectives_one_device_has_none(tmp_path):
+  one = _plan("--cpu_devices=1", "--meshes=1x1x1", tmp_path=tmp_path)["stages"][0]["candidates"][0]
+  assert one["collectives"] == {} and one["sent"] == 0
+  four = _plan("--cpu_devices=4", "--meshes=1x4x1", tmp_path=tmp_path)["stages"][0]["candidates"][0]
+  assert "all-gather" in four["collectives"] and four["sent"] > 0
+
+
+def test_lora_and_a_frozen_partition_plan(tmp_path):
+  r = _plan("--cpu_devices=2", "--meshes=2x1x1", "--config.partition.presets=('C',)", "--config.lora.enabled=True",
+            "--stages=finetune_partial_task_expert_C,lora", tmp_path=tmp_path)
+  by_name = {s["names"][0]: s["candidates"][0] for s in r["stages"]}
+  partial, lora = by_name["finetune_partial_task_expert_C"], by_name["lora"]
+  full_state = 3 * _hand_param_bytes(1)
+  # the partial expert holds Adam moments for its trained part only; LoRA for its adapters
+  assert _hand_param_bytes(1) < partial["state_bytes"] < full_state
+  assert lora["state_bytes"] < 2 * full_state  # two LoRA recipes: the base twice, small adapters
+  assert all(x["ratio"] > 0 for x in (partial, lora))
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--config=no/such.py"], "no such config file"),
+    ([*TINY, "--meshes=2x2"], "DATAxFSDPxTENSOR"),
+    ([*TINY, "--config.nope=1"], "no field"),
+    ([*TINY, "--stages=nope"], "no stage"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, words, capsys):
+  assert plan.main(argv) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("xlt.plan: error:") and words in err[0]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed (pip install .[tpu])")
+def test_a_tiny_plan_for_a_tpu_topology(tmp_path):
+  r = _plan("--topology=v5e:2x2", "--meshes=1x4x1", tmp_path=tmp_path)
+  x = r["stages"][0]["candidates"][0]
+  assert r["chip"] == "TPU v5e" and r["devices"] == 4 and x["fits"] is True
+  assert x["roofline"]["step_s"] > 0 and 0 < x["mfu"] < 1
+
+
+def test_abstract_init_params_give_the_loops_state():
+  from xlt import model, train
+
+  cfg = model.Config(vocab_size=16, num_layers=1, num_heads=2, d_model=8, block_size=8)
+  tx = train.make_optimizer(plan.load_config(str(REPO / "configs" / "finetune.py"), []).opt)
+  params = jax.vmap(lambda k: model.init_params(cfg, k))(jax.random.split(jax.random.key(0), 2))
+  params = jax.tree.map(np.asarray, params)
+  shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+  assert loop.abstract_state(cfg, tx, [0, 1], params) == loop.abstract_state(cfg, tx, [0, 1], shapes)
+
+
+def test_roofline_parses_each_collective_and_bounds_the_step():
+  hlo = "\n".join([
+      "%ag = bf16[8,128]{1,0} all-gather(bf16[2,128]{1,0} %p), replica_groups=mesh['data'=2,'fsdp'=4] {'fsdp'}",
+      "%rs = f32[16]{0} reduce-scatter(f32[64]{0} %g), replica_groups=[2,4]<=[8], dimensions={0}",
+      "%ar = f32[100]{0} all-reduce(f32[100]{0} %x), replica_groups={{0,1},{2,3},{4,5},{6,7}}",
+      "%cp-start = (f32[10]{0}, f32[10]{0}) collective-permute-start(f32[10]{0} %y), source_target_pairs={{0,1}}",
+      "%arc = (f32[4]{0}, bf16[8]{0}) all-reduce(f32[4]{0} %u, bf16[8]{0} %w), replica_groups=[1,8]<=[8]",
+      "%add = f32[100]{0} add(f32[100]{0} %a, f32[100]{0} %b)"])
+  found = roofline.collectives(hlo, 8)
+  assert [(c["op"], c["bytes"], c["group"]) for c in found] == [
+      ("all-gather", 2048, 4), ("reduce-scatter", 64, 4), ("all-reduce", 400, 2), ("collective-permute", 40, 2),
+      ("all-reduce", 32, 8)]
+  assert [c["sent"] for c in found] == [1536, 192, 400, 40, 56]
+  chip = roofline.CHIPS["v5e"]
+  t = roofline.step_time(chip, flops=197e12, hbm_bytes=0.0, sent=0.0)
+  assert t["bound"] == "flops" and t["step_s"] == pytest.approx(1.0)
+  assert roofline.chip_of("TPU v5 lite") is chip and roofline.chip_of("cpu") is None
+
+
+def test_render_puts_the_tables_between_the_docs_markers(tmp_path):
+  _plan("--cpu_devices=2", "--meshes=1x2x1", tmp_path=tmp_path)
+  doc = tmp_path / "scale.md"
+  doc.write_text(f"# Scale\n\nbefore\n{plan_report.BEGIN}\nold table\n{plan_report.END}\nafter\n")
+  assert plan.main([f"--render={tmp_path}/*.json", f"--doc={doc}"]) == 0
+  text = doc.read_text()
+  assert "old table" not in text and text.startswith("# Scale\n\nbefore\n") and text.endswith("after\n")
+  (row,) = [line for line in text.splitlines() if "finetune_task_expert" in line]
+  assert "| 1x2x1 | none |" in row
+
+
+def test_gpus_are_planned_analytically_and_labelled(tmp_path):
+  r = _plan("--gpus=h200:2", "--meshes=1x2x1", tmp_path=tmp_path)
+  x = r["stages"][0]["candidates"][0]
+  assert r["target"] == "2x H200 SXM (analytic)" and x["analytic_only"] and x["fits"] is True
+  assert "memory" not in x and x["analytic"]["params"] == _hand_param_bytes(2)
