@@ -137,3 +137,19 @@ def test_the_config_matches_its_preregistration():
   assert [p["name"] for p in c.grid] == [d["name"] for d in prereg["designs"]]
   assert c.model.num_layers == prereg["num_layers"] and c.num_seeds == len(prereg["seeds"]) and c.seed == 0
   assert ml_collections.ConfigDict(prereg["criteria"]).S3.edge_keep == 0.9
+
+
+def test_recorded_pilot_verdicts_follow_the_rule_and_the_panel_in_docs_is_theirs():
+  import json
+  import os
+  path = os.path.join(pilots.claims.STUDIES, "structure_pilots.json")
+  if not os.path.isfile(path):
+    pytest.skip("no pilot results recorded")
+  with open(path) as f:
+    result = json.load(f)
+  for d in result["designs"]:
+    if d["status"] == "run":
+      assert pilots.judge(d["measures"], result["prereg"]["criteria"], bool(d["dose"])) == d["verdicts"]
+      assert d["passes"] == pilots.design_passes(d["verdicts"])
+  with open(pilots.claims.DOC) as f:
+    assert f.read() == pilots.render(result, pilots.claims.DOC), "run: python -m xlt.pilots ... (the panel is stale)"
