@@ -91,7 +91,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 def _flag_error(argv: list[str], error: Exception) -> str:
   """One line saying what is wrong with the command line `argv`, which failed with `error`."""
-  spec = _config_spec(argv)
+  spec = config_files.config_spec(argv)
   path = spec.split(":", 1)[0] if spec else None
   if path and not os.path.isfile(path):
     return f"--config={spec}: no such config file"
@@ -110,13 +110,6 @@ def _flag_error(argv: list[str], error: Exception) -> str:
   return " ".join(lines).removeprefix("flag ")
 
 
-def _config_spec(argv: list[str]) -> str | None:
-  """The value of --config in `argv` (path[:argument]), or None."""
-  for i, a in enumerate(argv):
-    name, eq, value = a.lstrip("-").partition("=")
-    if a.startswith("-") and name == "config":
-      return value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
-  return None
 
 
 def _unknown_field(spec: str, argv: list[str]) -> str | None:
