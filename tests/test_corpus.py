@@ -27,6 +27,21 @@ def test_text_eot_documents(tmp_path):
                   "Last, no marker."]
 
 
+def test_line_groups_skip_and_refusals(tmp_path):
+  path = write(tmp_path / "s.txt", "a.\nb.\n\nc.\nd.\ne.\nf.\ng.\n")
+  spec = corpus.CorpusSpec(path, "text", separator="line", lines_per_document=2, skip_lines=1)
+  assert list(corpus.iter_documents(spec)) == ["b. c.", "d. e.", "f. g."]
+  last_short = corpus.CorpusSpec(path, "text", separator="line", lines_per_document=3)
+  assert list(corpus.iter_documents(last_short)) == ["a. b. c.", "d. e. f.", "g."]
+  one = corpus.CorpusSpec(path, "text", separator="line")
+  assert len(list(corpus.iter_documents(one))) == 7
+  assert list(corpus.iter_split(iter("xyz"), "all", corpus.SplitSpec(held_out_fraction=1.0))) == list("xyz")
+  with pytest.raises(ValueError, match="need separator='line'"):
+    corpus.CorpusSpec(path, "text", skip_lines=2)
+  with pytest.raises(ValueError, match="lines_per_document=0 must be >= 1"):
+    corpus.CorpusSpec(path, "text", separator="line", lines_per_document=0)
+
+
 def test_text_custom_marker_and_blank_lines(tmp_path):
   path = write(tmp_path / "b.txt", "one\ntwo\n\n\nthree\r\n\nfour\n  five\n\n")
   docs = list(corpus.iter_documents(corpus.CorpusSpec(path, "text", separator="blank_line")))

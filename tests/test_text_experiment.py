@@ -119,3 +119,34 @@ def test_configs_load():
   specs = tt.corpus_specs(proxy)
   assert (specs["high"].language, specs["low"].language) == ("en", "ru")
   assert all(os.path.isfile(s.path) for s in specs.values())
+
+
+def test_more_high_text_and_held_out_originals_join_the_right_conditions(corpora, tmp_path):
+  """data.high_extra trains every condition with the high language and nothing else (not the
+  tokenizer, not the held-out rows); data.mixed_high_held_out adds the held-out documents' high
+  side to mixed only. Counted in the rows' samples: documents of each language trained on."""
+  extra = write_lines(tmp_path / "extra.txt", [f"the sun had a box {i}." for i in range(23)])
+  c = tiny_config(*corpora)
+  c.conditions = ("high_only", "low_limited", "mixed")
+  c.seeds_per_condition = {"mixed": 1, "low_limited": 1}
+  c.data.high_extra = dict(path=extra, format="text", separator="line", lines_per_document=4,
+                           skip_lines=3, language="en_extra")
+  base = tt.get_task(tiny_config(*corpora), str(tmp_path / "base"), ["high_only"])
+  c.data.mixed_high_held_out = True
+  task = tt.get_task(c, str(tmp_path / "both"), list(c.conditions))
+  held_out = task.counts["high", "held_out"]["documents"]
+  assert held_out > 0 and task.counts["high_extra", "all"]["documents"] == 5  # 20 lines by 4
+  train_en = base.composition["high_only"]["high_documents"]
+  assert task.composition["high_only"]["high_documents"] == train_en + 5
+  assert task.composition["mixed"]["high_documents"] == train_en + 5 + held_out
+  assert task.composition["low_limited"]["high_documents"] == 0
+  assert task.sp.serialized_model_proto() == base.sp.serialized_model_proto()
+  np.testing.assert_array_equal(task.test["high"]["tokens"], base.test["high"]["tokens"])
+  c.data.high_extra.path = str(tmp_path / "nope.txt")
+  with pytest.raises(FileNotFoundError, match=r"config\.data\.high_extra\.path"):
+    tt.corpus_specs(c)
+
+
+def write_lines(path, lines):
+  path.write_text("\n".join(lines) + "\n")
+  return str(path)

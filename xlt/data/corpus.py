@@ -12,7 +12,8 @@ here to training batches (tokenizer `xlt.data.spm_tokenizer`, rows `xlt.data.pac
 Loading. `CorpusSpec(path, format, ...)` is plain fields, so an ml_collections config can hold
 it (`CorpusSpec(**config.corpus)`). Formats: "text" (documents end at an end-of-text marker,
 `separator="eot"`, the default because the TinyStories .txt releases use `<|endoftext|>`; or
-at blank lines, `separator="blank_line"`), "jsonl" (one object per line, the document in
+at blank lines, `separator="blank_line"`; or, for a file of one sentence a line with no story
+boundaries, runs of `lines_per_document` lines after `skip_lines`, `separator="line"`), "jsonl" (one object per line, the document in
 `field`, default "text"). A parallel jsonl ({"en": ..., "de": ...}) is read as "jsonl" with
 `field` set to the language. `path` may be a glob (shards, read in sorted order) and may end in
 .gz. Malformed lines (not UTF-8, not JSON, not an object, field missing or not a string) raise
@@ -81,9 +82,9 @@ if TYPE_CHECKING:  # only for annotations: reading a corpus needs no tokenizer
 log = logging.getLogger(__name__)
 
 FORMATS = ("text", "jsonl")
-SEPARATORS = ("eot", "blank_line")
+SEPARATORS = ("eot", "blank_line", "line")
 ON_ERROR = ("raise", "skip")
-SPLITS = ("train", "limited", "held_out")
+SPLITS = ("train", "limited", "held_out", "all")
 # A document this long means the separator is wrong for the file; fail before memory runs out.
 MAX_DOCUMENT_CHARS = 10_000_000
 
@@ -97,11 +98,15 @@ class CorpusSpec:
   path: str  # a file or a glob of shards (sorted); ".gz" files are decompressed
   format: str  # "text" | "jsonl" (parallel jsonl: "jsonl" with field=<language>)
   field: str = "text"  # jsonl: the field that holds the document
-  separator: str = "eot"  # text: "eot" (documents end at eot_marker) | "blank_line"
+  separator: str = "eot"  # text: "eot" (documents end at eot_marker) | "blank_line" | "line"
   eot_marker: str = "<|endoftext|>"
   on_error: str = "raise"  # malformed lines: "raise" | "skip" (count logged, count_documents)
   max_documents: int = 0  # keep only the first N documents; 0 keeps all
   language: str = ""  # a tag for names and reports ("en", "cs")
+  # separator="line" (one sentence a line, no story boundaries): a document is each run of
+  # lines_per_document non-empty lines, joined by a space, after the first skip_lines of them
+  lines_per_document: int = 1
+  skip_lines: int = 0
 
   def __post_init__(self):
     for name, value, allowed in [("format", self.format, FORMATS),
@@ -113,6 +118,11 @@ class CorpusSpec:
       raise ValueError("CorpusSpec.eot_marker must be non-empty with separator='eot'")
     if self.max_documents < 0:
       raise ValueError(f"CorpusSpec.max_documents={self.max_documents} must be >= 0")
+    if self.lines_per_document < 1 or self.skip_lines < 0:
+      raise ValueError(f"CorpusSpec.lines_per_document={self.lines_per_document} must be >= 1 and "
+                       f"skip_lines={self.skip_lines} >= 0")
+    if (self.lines_per_document != 1 or self.skip_lines) and self.separator != "line":
+      raise ValueError("CorpusSpec.lines_per_document and skip_lines need separator='line'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +186,28 @@ def _text_records(path: str, spec: CorpusSpec) -> Iterator[tuple[int, str | None
   yield from _finished_document(start, parts)
 
 
+def _line_group_records(path: str, spec: CorpusSpec) -> Iterator[tuple[int, str | None, str | None]]:
+  """(first line, document, None) per run of spec.lines_per_document non-empty lines (the last
+  run may be shorter), after the first spec.skip_lines non-empty lines; or (line, None, error)."""
+  group, start, seen = [], 1, 0
+  for lineno, line, error in _decoded_lines(path):
+    if error is not None:
+      yield lineno, None, error
+      continue
+    if not line.strip():
+      continue
+    seen += 1
+    if seen <= spec.skip_lines:
+      continue
+    start = lineno if not group else start
+    group.append(line.strip())
+    if len(group) == spec.lines_per_document:
+      yield start, " ".join(group), None
+      group = []
+  if group:
+    yield start, " ".join(group), None
+
+
 def _finished_document(start: int, parts: list[str]) -> list[tuple[int, str, None]]:
   doc = "".join(parts).strip()
   return [(start, doc, None)] if doc else []
@@ -211,6 +243,7 @@ def _records(spec: CorpusSpec, paths: Sequence[str]
   n_documents = 0
   for path in paths:
     file_records = (_jsonl_records(path, spec.field) if spec.format == "jsonl"
+                    else _line_group_records(path, spec) if spec.separator == "line"
                     else _text_records(path, spec))
     for lineno, doc, error in file_records:
       if error is not None:
@@ -311,7 +344,10 @@ def is_held_out(index: int, split: SplitSpec) -> bool:
 
 
 def in_split(index: int, name: str, split: SplitSpec) -> bool:
-  """Whether document `index` of a corpus is in split `name` ("train" | "limited" | "held_out")."""
+  """Whether document `index` of a corpus is in split `name` ("train" | "limited" | "held_out",
+  or "all": a corpus that only adds training text, such as more high-resource stories)."""
+  if name == "all":
+    return True
   if name == "held_out":
     return is_held_out(index, split)
   if name == "train":

@@ -122,6 +122,13 @@ def corpus_specs(c) -> dict[str, corpus.CorpusSpec]:
   # so index i must be the same story on both sides, or held-out text leaks in translation.
   if corpus.corpus_files(specs["high"]) == corpus.corpus_files(specs["low"]):
     corpus.check_parallel(specs["high"], specs["low"])
+  extra = _extra_fields(c)
+  if extra:  # training text only: not in the tokenizer, the split or the held-out rows
+    specs["high_extra"] = corpus.CorpusSpec(**extra)
+    try:
+      corpus.corpus_files(specs["high_extra"])
+    except FileNotFoundError as e:
+      raise FileNotFoundError(f"config.data.high_extra.path: {e}") from None
   return specs
 
 
@@ -154,14 +161,33 @@ def held_out_rows(spec, split, sp, block_size, num_val: int, max_test: int):
   return out["val"], out["test"], stats
 
 
-def condition_parts(cond: str) -> list[tuple[str, str]]:
-  """The (role, split) arrays a condition trains on."""
+def condition_parts(cond: str, c=None) -> list[tuple[str, str]]:
+  """The (role, split) arrays a condition trains on. With the config `c`, also its additions:
+  `data.high_extra` (a corpus of more high-resource text, all of it training) joins every
+  condition that trains on the high language; `data.mixed_high_held_out` adds the held-out
+  documents' high-resource side (for a translated pair: the originals of the test stories) to
+  mixed, to measure how much of its gain is content leaking through translation."""
   try:
-    return {"high_only": [("high", "train")], "low_limited": [("low", "limited")],
-            "low_full": [("low", "train")],
-            "mixed": [("low", "limited"), ("high", "train")]}[cond]
+    parts = {"high_only": [("high", "train")], "low_limited": [("low", "limited")],
+             "low_full": [("low", "train")],
+             "mixed": [("low", "limited"), ("high", "train")]}[cond]
   except KeyError:
     raise ValueError(f"unknown condition {cond!r}; known: {', '.join(CONDITIONS)}") from None
+  if c is not None and ("high", "train") in parts:
+    if _extra_fields(c):
+      parts.append(("high_extra", "all"))
+    if cond == "mixed" and c.data.get("mixed_high_held_out"):
+      parts.append(("high", "held_out"))
+  return parts
+
+
+def _extra_fields(c) -> dict | None:
+  extra = c.data.get("high_extra")
+  return extra.to_dict() if extra is not None and extra.get("path") else None
+
+
+def _language_of(role: str) -> str:
+  return "high" if role == "high_extra" else role
 
 
 # ------------------------------------------------------------------------------- samples
@@ -270,7 +296,7 @@ def plan(c) -> list[tuple[str, int]]:
   """The cells of the ensemble: (condition, seed) for every condition and its seeds."""
   conditions = list(c.conditions)
   for cond in conditions:
-    condition_parts(cond)
+    condition_parts(cond, c)
   return [(cond, seed) for cond in conditions for seed in kind_lib.condition_seeds(c, cond)]
 
 
@@ -301,7 +327,7 @@ def get_task(c, workdir: str, conditions: list[str]) -> TextTask:
       workdir, [specs["high"], specs["low"]], vocab_size=c.tokenizer.vocab_size, split=split,
       max_sentences_per_language=c.tokenizer.max_sentences_per_language)
 
-  needed = {p for cond in conditions for p in condition_parts(cond)}
+  needed = {p for cond in conditions for p in condition_parts(cond, c)}
   packed, counts = {}, {}
   for role, split_name in sorted(needed):
     path = packing.pack_split_to_npy(workdir, specs[role], split_name, split, sp, block_size=block)
@@ -316,9 +342,9 @@ def get_task(c, workdir: str, conditions: list[str]) -> TextTask:
         docs, c.data.num_val_documents + c.samples.num_prompts)[c.data.num_val_documents:]
   composition = {}
   for cond in conditions:
-    parts = condition_parts(cond)
-    docs = {role: sum(counts[p]["documents"] for p in parts if p[0] == role) for role in ROLES}
-    toks = {role: sum(counts[p]["targets"] for p in parts if p[0] == role) for role in ROLES}
+    parts = condition_parts(cond, c)
+    docs = {role: sum(counts[p]["documents"] for p in parts if _language_of(p[0]) == role) for role in ROLES}
+    toks = {role: sum(counts[p]["targets"] for p in parts if _language_of(p[0]) == role) for role in ROLES}
     composition[cond] = {
         "low_documents": docs["low"], "high_documents": docs["high"],
         "low_tokens": toks["low"], "high_tokens": toks["high"],
@@ -363,7 +389,7 @@ def stages(c, prep: Prep, trained: dict):
   task, cfg = prep.task, prep.cfg
   members = []
   for cond, seed in prep.cells:
-    arrays = [task.packed[p] for p in condition_parts(cond)]
+    arrays = [task.packed[p] for p in condition_parts(cond, c)]
     rows = arrays[0] if len(arrays) == 1 else packing.RowConcat(arrays)
     members.append(loop_lib.Member(f"{cond}/seed_{seed}", seed,
                                    {"tokens": rows, "loss_mask": packing.LossMaskView(rows)}))
