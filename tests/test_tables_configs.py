@@ -63,3 +63,11 @@ def test_en_de_settings_change_only_the_mixed_english():
   skip = more.data.high_extra.skip_lines
   # the skipped lines end with the parallel file's last story, and the first kept one is not of it
   assert last_story.endswith(lines[skip - 1]) and lines[skip] not in last_story
+
+
+def test_russian_proxy_with_every_story_changes_only_the_caps_and_budget():
+  from configs import tinystories, tinystories_ru_more
+  base, more = tinystories.get_config(), tinystories_ru_more.get_config()
+  assert (more.data.high.max_documents, more.data.low.max_documents) == (0, 0)
+  assert (base.data.split, base.tokenizer, base.model) == (more.data.split, more.tokenizer, more.model)
+  assert more.train.steps == 3 * base.train.steps
