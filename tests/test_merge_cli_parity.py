@@ -93,3 +93,29 @@ def test_the_documented_configs_run_from_any_directory(tmp_path):
            "--config.block_size=8", "--config.output=data_out", cwd=elsewhere)
   assert r.returncode == 0, r.stderr
   assert json.loads((elsewhere / "data_out" / "merge_config.json").read_text())["method"] == "fisher"
+
+
+def test_a_module_wise_swap_in_mergekit_yaml_equals_layer_swaps_modules(tmp_path):
+  """mergekit has no module-wise swap method; its users write one as a linear merge over slices
+  whose weights are filtered by tensor name (first matching filter wins, the unfiltered entry is
+  the rest). Block 0's attention from the language expert, everything else the task expert's:
+  the same model as layer_swap with modules=attn (non_block=task), tensor by tensor."""
+  src = lambda m, lo, hi, w: f"      - model: {m}\n        layer_range: [{lo}, {hi}]\n        parameters:\n          weight: {w}\n"
+  attn = lambda x: f"[{{filter: self_attn, value: {x}}}, {{value: {1 - x}}}]"
+  yaml = ("merge_method: linear\ndtype: float32\nslices:\n"
+          f"  - sources:\n{src(LLAMA, 0, 1, attn(0.0))}{src(LLAMA_B, 0, 1, attn(1.0))}"
+          f"  - sources:\n{src(LLAMA, 1, 2, 1.0)}{src(LLAMA_B, 1, 2, 0.0)}")
+  (tmp_path / "swap.yml").write_text(yaml)
+  r = _run("xlt.merge", f"--config={tmp_path / 'swap.yml'}", f"--config.output={tmp_path / 'yaml'}")
+  assert r.returncode == 0, r.stderr
+  r = _run("xlt.merge", "--config=configs/merge_files.py", "--config.method=layer_swap",
+           f"--config.inputs.task_expert={LLAMA}", f"--config.inputs.language_expert={LLAMA_B}",
+           "--config.options.bottom=1", "--config.options.top=0", "--config.options.modules=attn",
+           "--config.options.non_block=task", "--config.heatmaps=false", f"--config.output={tmp_path / 'swap'}")
+  assert r.returncode == 0, r.stderr
+  got, swap, task, lang = (_weights(d) for d in (tmp_path / "yaml", tmp_path / "swap", LLAMA, LLAMA_B))
+  assert set(got) == set(swap) == set(task)
+  for k in got:
+    want = lang[k] if k.startswith("model.layers.0.self_attn.") else task[k]
+    np.testing.assert_allclose(got[k], want, atol=1e-6, err_msg=k)
+    np.testing.assert_allclose(swap[k], want, atol=1e-6, err_msg=k)
