@@ -1,4 +1,4 @@
-"""A data-aware merge (RegMean, Fisher merging: xlt/merge/data_aware.py) of Hugging Face model
+"""A data-aware merge (RegMean, RegMean++, Fisher merging: xlt/merge/data_aware.py) of Hugging Face model
 directories, each expert's statistics from forward / backward passes over its own data:
 
   python -m xlt.merge_data --config=configs/merge_data.py --config.method=regmean \
@@ -38,7 +38,7 @@ from configs import common
 
 def get_config():
   c = ml_collections.ConfigDict()
-  c.method = "regmean"  # regmean or fisher
+  c.method = "regmean"  # regmean, regmean_plusplus or fisher
   c.inputs = ml_collections.ConfigDict({"experts": ""})  # model directories, comma-separated
   c.data = ml_collections.ConfigDict({"experts": "",  # one .jsonl per expert, comma-separated
                                       "convention": "xlt"})  # xlt (packed + EOS) or fusion_bench

@@ -79,7 +79,7 @@ def test_a_data_aware_merge_from_files_is_the_merge_of_the_statistics(method, da
 
 def test_user_errors_are_one_line(data_files, tmp_path):
   c = _config("ties", data_files, tmp_path / "out")
-  with pytest.raises(ValueError, match="the data-aware methods are regmean, fisher"):
+  with pytest.raises(ValueError, match="the data-aware methods are regmean, regmean_plusplus, fisher"):
     merge_data.run(c)
   c = _config("regmean", data_files[:1], tmp_path / "out")
   with pytest.raises(ValueError, match="one data file per expert"):

@@ -1,4 +1,4 @@
-"""xlt.merge.data_aware (RegMean, Fisher merging) by hand and on a tiny GPT with statistics from
+"""xlt.merge.data_aware (RegMean, RegMean++, Fisher merging) by hand and on a tiny GPT with statistics from
 xlt.merge_statistics; parity with fusion-bench's merging functions: tests/test_merge_fusion.py."""
 
 import flax.linen as nn
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xlt import merge_statistics, model
+from xlt import merge_data, merge_statistics, model
 from xlt.merge import data_aware, registry
 from xlt.param_paths import HF, XLT
 
@@ -87,6 +87,41 @@ def test_grams_are_the_kernels_inputs_and_regmean_solves_the_least_squares():
   g = [gr["block_1/attn/proj/kernel"].astype(np.float64) for gr in grams]
   residual = sum(gi @ (rows(merged) - rows(e)).T for gi, e in zip(g, experts))
   assert np.abs(residual).max() < 1e-5 and np.abs(rows(merged) - rows(experts[0])).max() > 1e-3
+
+
+def _leaf(tree, path):
+  for name in path.split("/"):
+    tree = tree[name]
+  return np.asarray(tree)
+
+
+def test_regmean_plusplus_measures_each_stage_on_the_merge_so_far():
+  experts = [_expert(1), _expert(2)]
+  staged, calls = merge_data.staged_grams(CFG, [BATCHES[:1], BATCHES[1:]]), []
+
+  def measure(models, paths):
+    calls.append((paths, models))
+    return staged(models, paths)
+
+  merged = registry.merge("regmean_plusplus", {"experts": experts}, {"measure": measure, "alpha": 0.9})
+  firsts = [paths[0].split("/")[0] for paths, _ in calls]
+  assert firsts == ["wpe", "block_0", "block_1", "lm_head"]  # the order the model runs
+  # block 1 is measured with the merged embedding and block 0, each expert's own block 1
+  _, models = calls[2]
+  for i, m in enumerate(models):
+    for path in ("wte/embedding", "block_0/mlp/fc/kernel", "block_1/mlp/fc/kernel"):
+      want = experts[i] if path.startswith("block_1") else merged
+      np.testing.assert_array_equal(_leaf(m, path), _leaf(want, path), err_msg=path)
+  # those grams make block 1 RegMean's merge of them; RegMean's own grams (each expert's alone) differ
+  grams = [merge_statistics.grams(CFG, m, b) for m, b in zip(models, (BATCHES[:1], BATCHES[1:]))]
+  once = registry.merge("regmean", {"experts": experts}, {"grams": grams, "alpha": 0.9})
+  path = "block_1/attn/proj/kernel"
+  np.testing.assert_allclose(_leaf(merged, path), _leaf(once, path), atol=1e-6)
+  own = [merge_statistics.grams(CFG, e, b) for e, b in zip(experts, (BATCHES[:1], BATCHES[1:]))]
+  plain = registry.merge("regmean", {"experts": experts}, {"grams": own, "alpha": 0.9})
+  assert np.abs(_leaf(plain, path) - _leaf(merged, path)).max() > 1e-4
+  with pytest.raises(ValueError, match="measure gave grams of block_1/mlp/fc/kernel, outside the stage"):
+    data_aware.regmean_plusplus(experts, measure=lambda models, paths: [{"block_1/mlp/fc/kernel": np.eye(8)}] * 2)
 
 
 def test_diagonal_fisher_is_the_mean_squared_per_sequence_gradient():

@@ -1,5 +1,5 @@
-"""Data-aware merges from the command line: RegMean and Fisher merging of Hugging Face model
-directories, each expert's statistics (xlt.merge_statistics) from its own data file
+"""Data-aware merges from the command line: RegMean, RegMean++ and Fisher merging of Hugging Face
+model directories, each expert's statistics (xlt.merge_statistics) from its own data file
 (configs/merge_data.py has the command). The merge library (xlt.merge) reads no data and runs no
 model; this is where the two meet, beside training. Data files hold {"text": ...} lines or the
 SFT reader's kinds; `data.convention` is xlt's (packed rows, each example ended with the EOS) or
@@ -28,9 +28,10 @@ from xlt import hf_tokenizer, lora, merge, merge_statistics, pretrained, shardin
 from xlt.data import sft
 from xlt.io import config_files, fileio
 from xlt.merge import registry
-from xlt.param_paths import path_names
+from xlt.param_paths import path_names, path_str
 
-STATISTICS = {"regmean": "grams", "fisher": "fishers"}
+STATISTICS = {"regmean": "grams", "regmean_plusplus": "measure", "fisher": "fishers"}
+GRAMS = ("regmean", "regmean_plusplus")  # the methods measuring Gram matrices of kernels' inputs
 # data.convention -> (packing, add_eos): xlt's packs examples into rows and ends each with the
 # EOS, as fine-tuning reads them; fusion-bench's is one text per row, as its tokenizer gives it
 CONVENTIONS = {"xlt": (True, True), "fusion_bench": (False, False)}
@@ -44,8 +45,8 @@ def _paths(value) -> list[str]:
 
 def estimate_bytes(method: str, params, batch_size: int) -> int:
   """The statistics' memory beside one expert's parameters: a float32 Gram matrix per attn / mlp
-  kernel (RegMean), or batch_size per-sequence gradients plus the running sum (Fisher)."""
-  if method == "regmean":
+  kernel (RegMean; RegMean++ holds one stage's at a time), or batch_size per-sequence gradients plus the running sum (Fisher)."""
+  if method in GRAMS:
     flat = {path_names(p): np.shape(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
     return sum(4 * lora.in_out(k, flat[k])[0] ** 2 for k in merge_statistics.regmean_kernels(params))
   return 4 * (batch_size + 2) * sum(int(np.size(x)) for x in jax.tree.leaves(params))
@@ -85,7 +86,7 @@ def read_examples(path: str, tok, add_eos: bool) -> list[tuple[np.ndarray, np.nd
 
 def batches(path: str, tok, c, method: str) -> list[tuple[np.ndarray, np.ndarray]]:
   """(tokens [B, block_size + 1], mask) batches of the first max_examples rows of a data file,
-  in the convention `c.data.convention` names (CONVENTIONS): the mask of a Gram matrix (regmean)
+  in the convention `c.data.convention` names (CONVENTIONS): the mask of a Gram matrix (GRAMS)
   the positions up to each row's last target, not the padding; of a Fisher the targets."""
   convention = str(c.data.get("convention", "xlt"))
   if convention not in CONVENTIONS:
@@ -96,7 +97,7 @@ def batches(path: str, tok, c, method: str) -> list[tuple[np.ndarray, np.ndarray
   if not len(rows["tokens"]):
     raise ValueError(f"{path}: no example has a target within block_size + 1 = {int(c.block_size) + 1} tokens")
   tokens, targets = rows["tokens"][:int(c.max_examples)], rows["loss_mask"][:int(c.max_examples)]
-  mask = merge_statistics.input_mask(targets) if method == "regmean" else targets
+  mask = merge_statistics.input_mask(targets) if method in GRAMS else targets
   b = int(c.batch_size)
   return [(tokens[i:i + b], mask[i:i + b]) for i in range(0, len(tokens), b)]
 
@@ -115,6 +116,22 @@ def _statistics(c) -> dict:
   return out
 
 
+def staged_grams(cfg, batches_per_expert: list, mesh=None, head: bool = True):
+  """RegMean++'s `measure` (xlt.merge.data_aware.regmean_plusplus): the Gram matrices of a
+  stage's kernels in each model it is given (the merge so far, then expert i's own) over expert
+  i's batches; a stage with no kernel measured (the embedding) runs no model. Each stage runs the
+  whole model: L + 1 passes over the data where RegMean takes one."""
+
+  def measure(models, paths):
+    out, wanted = [], set(paths)
+    for params, data_batches in zip(models, batches_per_expert):
+      kernels = [k for k in merge_statistics.regmean_kernels(params, head) if path_str(k) in wanted]
+      out.append(merge_statistics.grams(cfg, params, data_batches, kernels=kernels, mesh=mesh) if kernels else {})
+    return out
+
+  return measure
+
+
 def run(c, *, log=print, overwrite: bool = False) -> dict:
   """Runs the data-aware merge config `c` describes; returns its summary."""
   method = str(c.method)
@@ -130,7 +147,7 @@ def run(c, *, log=print, overwrite: bool = False) -> dict:
   tok = hf_tokenizer.load(experts[0])
   # the batches split over the mesh's data axes (data x fsdp), the parameters replicated
   mesh = sharding.make_mesh(c.mesh.to_dict() if hasattr(c.mesh, "to_dict") else dict(c.mesh)) if c.get("mesh") else None
-  models, stats, first = [], [], None
+  models, stats, first, all_batches = [], [], None, []
   for path, file in zip(experts, data):
     cfg, params = pretrained.load(path)
     if first is not None and cfg != first:
@@ -140,11 +157,15 @@ def run(c, *, log=print, overwrite: bool = False) -> dict:
       log(f"xlt.merge_data: {method} statistics take ~{estimate_bytes(method, params, int(c.batch_size)) / 2**20:.1f}"
           f" MiB per expert beside its parameters")
     data_batches = batches(file, tok, c, method)
-    if method == "regmean":
+    if method == "regmean_plusplus":  # measured while it merges, on the merge so far
+      all_batches.append(data_batches)
+    elif method == "regmean":
       stats.append(merge_statistics.grams(cfg, params, data_batches, mesh=mesh, head=measured["head"]))
     else:
       stats.append(merge_statistics.diagonal_fisher(cfg, params, data_batches, mesh=mesh, fisher=measured["fisher"]))
     models.append(jax.tree.map(np.asarray, params))
+  if method == "regmean_plusplus":
+    stats = staged_grams(first, all_batches, mesh, measured["head"])
   merged = registry.merge(method, {"experts": models}, {**options, STATISTICS[method]: stats})
   summary = pretrained.save(first, merged, c.output, source_dir=experts[0], overwrite=overwrite,
                             card={"method": method, "inputs": experts, "data": data, "options": options})

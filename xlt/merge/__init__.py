@@ -24,7 +24,7 @@ Face names, `from_rule(path -> (block, kind))` for any other); every merge takes
   maet.py     MAET (ability extraction and transfer)
   subspace.py TSV-M, Iso-C, Iso-CTS (singular subspaces of the task vectors)
   localize.py TALL masks, Consensus, Localize-and-Stitch (masks of each task's change)
-  data_aware.py RegMean, Fisher merging (statistics from xlt.merge_statistics)
+  data_aware.py RegMean, RegMean++, Fisher merging (statistics from xlt.merge_statistics)
   lora_adapters.py LoRA adapters merged into one (concatenation, SVD)
   tool.py     merges of checkpoint files into a model directory (`python -m xlt.merge`)
   analysis.py per-block share of changed rows, heatmap
