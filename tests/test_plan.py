@@ -4,15 +4,17 @@ not fit and what to change, fsdp brings collectives that one device has none of,
 frozen partition's steps plan, bad input is one line and exit 2; a TPU topology's plan where
 libtpu is installed (the `tpu` extra), skipped without it; xlt.roofline's parsing and times."""
 
+import datetime
 import importlib.util
 import json
 import pathlib
+import shlex
 
 import jax
 import numpy as np
 import pytest
 
-from xlt import loop, plan, plan_report, roofline
+from xlt import loop, plan, plan_report, report, roofline
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 BASE = str(REPO / "tests" / "fixtures" / "hf" / "llama")  # Llama-shaped: vocab 64, width 32, 2 blocks
@@ -141,6 +143,30 @@ def test_render_puts_the_tables_between_the_docs_markers(tmp_path):
   assert "old table" not in text and text.startswith("# Scale\n\nbefore\n") and text.endswith("after\n")
   (row,) = [line for line in text.splitlines() if "finetune_task_expert" in line]
   assert "| 1x2x1 | none |" in row
+
+
+def test_a_plan_file_records_how_it_was_made(tmp_path):
+  out = str(tmp_path / "plan.json")
+  argv = [*TINY, "--cpu_devices=2", "--meshes=1x2x1", f"--output={out}"]
+  plan.run(argv)
+  with open(out) as f:
+    r = json.load(f)
+  assert set(plan_report.PROVENANCE) <= set(r)
+  assert r["command"] == "python -m xlt.plan " + shlex.join(argv)
+  assert r["commit"] == report.git_commit() and r["machine"] == report.machine()
+  when = datetime.datetime.fromisoformat(r["date"])
+  assert when.utcoffset() == datetime.timedelta(0)
+  assert abs((datetime.datetime.now(datetime.timezone.utc) - when).total_seconds()) < 3600
+  assert isinstance(r["wall_s"], float) and r["wall_s"] > 0
+  (line,) = [x for x in plan_report.markdown([out]).splitlines() if x.startswith("- plan.json:")]
+  assert f"`{r['command']}` at {r['commit']}, {r['date']}, {r['machine']}, wall" in line
+
+
+def test_the_docs_tables_are_the_committed_plans():
+  text = (REPO / "docs" / "scale.md").read_text()
+  tables = text.split(plan_report.BEGIN + "\n", 1)[1].split(plan_report.END, 1)[0]
+  assert tables == plan_report.markdown([str(REPO / "results" / "plans" / "*.json")]), (
+      "docs/scale.md is stale: python -m xlt.plan --render='results/plans/*.json' --doc=docs/scale.md")
 
 
 def test_gpus_are_planned_analytically_and_labelled(tmp_path):

@@ -38,13 +38,16 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import datetime
 import importlib.util
 import json
 import os
+import shlex
 import sys
+import time
 import types
 
-from xlt import cli, plan_report, roofline
+from xlt import cli, plan_report, report, roofline
 
 REMATS = plan_report.REMATS
 
@@ -252,7 +255,17 @@ def unique_stages(c, only: str):
   return c, [tuple(v) for v in out.values()]
 
 
+def provenance(argv: list[str]) -> dict:
+  """What every xlt results file records of the run that made it (its wall time is added at
+  the end): the command as given, so that it can be run again, the checkout's commit, the date
+  (UTC) and the machine that compiled it (for a TPU topology, the host, not the chips)."""
+  return {"command": "python -m xlt.plan " + shlex.join(argv), "commit": report.git_commit(),
+          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+          "machine": report.machine()}
+
+
 def run(argv: list[str]):
+  start = time.time()
   args, overrides = parse(argv)
   if args.render:
     return plan_report.render(args.render, args.doc)
@@ -263,12 +276,13 @@ def run(argv: list[str]):
     limit = int(args.device_memory_gb * plan_report.GiB)
   specs, remats = _mesh_specs(c, args.meshes), _remats(args.remat)
   c, groups = unique_stages(c, args.stages)
-  result = {"config": args.config, "overrides": dict(overrides), "target": label, "devices": len(devices),
+  result = {**provenance(argv), "config": args.config, "overrides": dict(overrides), "target": label, "devices": len(devices),
             "chip": chip.name if chip else devices[0].device_kind, "limit": limit, "stages": []}
   for stage, config, tx, names in groups:
     cands = [plan_report.plan_candidate(c, stage, config, tx, devices, spec, r, chip, limit)
              for spec in specs for r in remats]
     result["stages"].append({"names": names, "members": len(stage.members), "candidates": plan_report.rank(cands)})
+  result["wall_s"] = round(time.time() - start, 1)
   print(plan_report.text(result), flush=True)
   if args.output:
     with open(args.output, "w") as f:

@@ -8,6 +8,7 @@ import dataclasses
 import glob
 import json
 import math
+import os
 import time
 
 from xlt import cli, roofline
@@ -321,4 +322,24 @@ def markdown(paths: list[str]) -> str:
                      f"{ {True: 'yes', False: '**no**', None: '-'}[x['fits']]} | "
                      f"{_gib(x['memory']['peak'])} / {_gib(r['limit']) if r.get('limit') else '-'} | {step} | {mfu} | "
                      f"{x['sent'] / 2**20:.0f} | {_gib(x['analytic']['total'])} | {x['ratio']:.2f} |")
+  return "\n".join(lines) + "\n" + provenance(files)
+
+
+PROVENANCE = ("command", "commit", "date", "machine", "wall_s")
+
+
+def provenance(files: list[str]) -> str:
+  """Beneath the table, how each plan file was made (xlt.plan.provenance's fields), so that
+  a figure can be traced to its command and checkout; a file from before they were recorded
+  says so."""
+  lines = ["", "How each plan was made (the command, run from the checkout's root, at the commit):", ""]
+  for path in files:
+    with open(path) as f:
+      r = json.load(f)
+    name = os.path.basename(path)
+    if not all(k in r for k in PROVENANCE):
+      lines.append(f"- {name}: not recorded")
+      continue
+    lines.append(f"- {name}: `{r['command']}` at {r['commit']}, {r['date']}, {r['machine']}, "
+                 f"wall {r['wall_s']:.0f} s")
   return "\n".join(lines) + "\n"
