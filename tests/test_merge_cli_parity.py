@@ -37,6 +37,15 @@ def test_mergekits_lambda_is_a_flag(tmp_path):
   assert max(np.abs(got[k] - (base[k] + 0.5 * (expert[k] - base[k]))).max() for k in got) < 1e-6
 
 
+def _linear_over_slices(slices) -> str:
+  """A mergekit YAML: a float32 linear merge over slices, each [(model, lo, hi, weight), ...]
+  (weight a number or a YAML list of filtered values)."""
+  source = lambda m, lo, hi, w: (f"      - model: {m}\n        layer_range: [{lo}, {hi}]\n"
+                                 f"        parameters: {{weight: {w}}}\n")
+  return "merge_method: linear\ndtype: float32\nslices:\n" + "".join(
+      "  - sources:\n" + "".join(source(*s) for s in sources) for sources in slices)
+
+
 @pytest.fixture
 def gpt2_b(tmp_path):
   """A second GPT-2: the fixture's weights plus seeded noise, its config and tokenizer."""
@@ -51,10 +60,7 @@ def gpt2_b(tmp_path):
 
 def test_a_gpt2_yaml_merges_linearly_over_slices(gpt2_b, tmp_path):
   # before: "unknown naming 'transformer.h.{i}.'" (the YAML's GPT-2 naming, a block pattern)
-  source = lambda m, lo, hi, w: f"      - model: {m}\n        layer_range: [{lo}, {hi}]\n        parameters: {{weight: {w}}}\n"
-  yaml = ("merge_method: linear\ndtype: float32\nslices:\n"
-          f"  - sources:\n{source(GPT2, 0, 1, 0.3)}{source(gpt2_b, 0, 1, 0.7)}"
-          f"  - sources:\n{source(GPT2, 1, 2, 0.6)}{source(gpt2_b, 1, 2, 0.4)}")
+  yaml = _linear_over_slices([[(GPT2, 0, 1, 0.3), (gpt2_b, 0, 1, 0.7)], [(GPT2, 1, 2, 0.6), (gpt2_b, 1, 2, 0.4)]])
   (tmp_path / "merge.yml").write_text(yaml)
   r = _run("xlt.merge", f"--config={tmp_path / 'merge.yml'}", f"--config.output={tmp_path / 'out'}")
   assert r.returncode == 0, r.stderr
@@ -100,11 +106,9 @@ def test_a_module_wise_swap_in_mergekit_yaml_equals_layer_swaps_modules(tmp_path
   whose weights are filtered by tensor name (first matching filter wins, the unfiltered entry is
   the rest). Block 0's attention from the language expert, everything else the task expert's:
   the same model as layer_swap with modules=attn (non_block=task), tensor by tensor."""
-  src = lambda m, lo, hi, w: f"      - model: {m}\n        layer_range: [{lo}, {hi}]\n        parameters:\n          weight: {w}\n"
   attn = lambda x: f"[{{filter: self_attn, value: {x}}}, {{value: {1 - x}}}]"
-  yaml = ("merge_method: linear\ndtype: float32\nslices:\n"
-          f"  - sources:\n{src(LLAMA, 0, 1, attn(0.0))}{src(LLAMA_B, 0, 1, attn(1.0))}"
-          f"  - sources:\n{src(LLAMA, 1, 2, 1.0)}{src(LLAMA_B, 1, 2, 0.0)}")
+  yaml = _linear_over_slices([[(LLAMA, 0, 1, attn(0.0)), (LLAMA_B, 0, 1, attn(1.0))],
+                              [(LLAMA, 1, 2, 1.0), (LLAMA_B, 1, 2, 0.0)]])
   (tmp_path / "swap.yml").write_text(yaml)
   r = _run("xlt.merge", f"--config={tmp_path / 'swap.yml'}", f"--config.output={tmp_path / 'yaml'}")
   assert r.returncode == 0, r.stderr

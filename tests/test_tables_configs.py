@@ -9,6 +9,7 @@ import pytest
 from configs import (addition_sweep_roman, addition_table2, addition_table2_shared, graph_table3, graph_vocab,
                      tinystories_en_de, tinystories_en_de_leak, tinystories_en_de_more)
 from xlt import grid
+from xlt.data import corpus
 from xlt.experiments import synthetic
 from xlt.experiments import text as text_kind
 
@@ -57,7 +58,7 @@ def test_en_de_settings_change_only_the_mixed_english():
   if not os.path.isfile(more.data.high_extra.path):
     pytest.skip("the shared data is not on this machine")
   specs = text_kind.corpus_specs(more)
-  last_story = list(text_kind.corpus.iter_documents(specs["high"]))[-1]
+  last_story = list(corpus.iter_documents(specs["high"]))[-1]
   with open(more.data.high_extra.path, encoding="utf-8") as f:
     lines = [line.strip() for line in f if line.strip()]
   skip = more.data.high_extra.skip_lines

@@ -45,7 +45,8 @@ def _paths(value) -> list[str]:
 
 def estimate_bytes(method: str, params, batch_size: int) -> int:
   """The statistics' memory beside one expert's parameters: a float32 Gram matrix per attn / mlp
-  kernel (RegMean; RegMean++ holds one stage's at a time), or batch_size per-sequence gradients plus the running sum (Fisher)."""
+  kernel (RegMean; RegMean++ holds one stage's at a time), or batch_size per-sequence gradients
+  plus the running sum (Fisher)."""
   if method in GRAMS:
     flat = {path_names(p): np.shape(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
     return sum(4 * lora.in_out(k, flat[k])[0] ** 2 for k in merge_statistics.regmean_kernels(params))

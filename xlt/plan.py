@@ -276,8 +276,9 @@ def run(argv: list[str]):
     limit = int(args.device_memory_gb * plan_report.GiB)
   specs, remats = _mesh_specs(c, args.meshes), _remats(args.remat)
   c, groups = unique_stages(c, args.stages)
-  result = {**provenance(argv), "config": args.config, "overrides": dict(overrides), "target": label, "devices": len(devices),
-            "chip": chip.name if chip else devices[0].device_kind, "limit": limit, "stages": []}
+  result = {**provenance(argv), "config": args.config, "overrides": dict(overrides), "target": label,
+            "devices": len(devices), "chip": chip.name if chip else devices[0].device_kind, "limit": limit,
+            "stages": []}
   for stage, config, tx, names in groups:
     cands = [plan_report.plan_candidate(c, stage, config, tx, devices, spec, r, chip, limit)
              for spec in specs for r in remats]

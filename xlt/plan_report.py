@@ -298,9 +298,11 @@ def markdown(paths: list[str]) -> str:
     raise cli.UserError(f"no plan files match {paths}")
   lines = ["| config | stage | target | mesh | remat | fits | peak GiB / HBM | step ms | MFU | collectives MiB sent "
            "| xlt.memory GiB | ratio |", "|" + "---|" * 12]
+  plans = []
   for path in files:
     with open(path) as f:
-      r = json.load(f)
+      plans.append((os.path.basename(path), json.load(f)))
+  for _, r in plans:
     for s in r["stages"]:
       for x in s["candidates"]:
         m = x["mesh"]
@@ -322,21 +324,18 @@ def markdown(paths: list[str]) -> str:
                      f"{ {True: 'yes', False: '**no**', None: '-'}[x['fits']]} | "
                      f"{_gib(x['memory']['peak'])} / {_gib(r['limit']) if r.get('limit') else '-'} | {step} | {mfu} | "
                      f"{x['sent'] / 2**20:.0f} | {_gib(x['analytic']['total'])} | {x['ratio']:.2f} |")
-  return "\n".join(lines) + "\n" + provenance(files)
+  return "\n".join(lines) + "\n" + provenance(plans)
 
 
 PROVENANCE = ("command", "commit", "date", "machine", "wall_s")
 
 
-def provenance(files: list[str]) -> str:
-  """Beneath the table, how each plan file was made (xlt.plan.provenance's fields), so that
-  a figure can be traced to its command and checkout; a file from before they were recorded
-  says so."""
+def provenance(plans: list[tuple[str, dict]]) -> str:
+  """Beneath the table, how each plan file (name, its contents) was made (xlt.plan.provenance's
+  fields), so that a figure can be traced to its command and checkout; a file from before they
+  were recorded says so."""
   lines = ["", "How each plan was made (the command, run from the checkout's root, at the commit):", ""]
-  for path in files:
-    with open(path) as f:
-      r = json.load(f)
-    name = os.path.basename(path)
+  for name, r in plans:
     if not all(k in r for k in PROVENANCE):
       lines.append(f"- {name}: not recorded")
       continue

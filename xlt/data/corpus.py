@@ -13,13 +13,14 @@ Loading. `CorpusSpec(path, format, ...)` is plain fields, so an ml_collections c
 it (`CorpusSpec(**config.corpus)`). Formats: "text" (documents end at an end-of-text marker,
 `separator="eot"`, the default because the TinyStories .txt releases use `<|endoftext|>`; or
 at blank lines, `separator="blank_line"`; or, for a file of one sentence a line with no story
-boundaries, runs of `lines_per_document` lines after `skip_lines`, `separator="line"`), "jsonl" (one object per line, the document in
-`field`, default "text"). A parallel jsonl ({"en": ..., "de": ...}) is read as "jsonl" with
-`field` set to the language. `path` may be a glob (shards, read in sorted order) and may end in
-.gz. Malformed lines (not UTF-8, not JSON, not an object, field missing or not a string) raise
-`ValueError("{file}:{line}: ...")`; with `on_error="skip"` they are skipped and one warning
-with the count and the first error is logged when the stream ends, and `count_documents(spec)`
-returns the count as data. Empty documents are dropped silently (not errors).
+boundaries, runs of `lines_per_document` lines after `skip_lines`, `separator="line"`), "jsonl"
+(one object per line, the document in `field`, default "text"). A parallel jsonl
+({"en": ..., "de": ...}) is read as "jsonl" with `field` set to the language. `path` may be a
+glob (shards, read in sorted order) and may end in .gz. Malformed lines (not UTF-8, not JSON, not
+an object, field missing or not a string) raise `ValueError("{file}:{line}: ...")`; with
+`on_error="skip"` they are skipped and one warning with the count and the first error is logged
+when the stream ends, and `count_documents(spec)` returns the count as data. Empty documents are
+dropped silently (not errors).
 
 Splits. Document i (its position in the stream) is held out iff
 hash(seed, "held_out", i) < held_out_fraction, and is in the limited subset iff it is not held

@@ -92,7 +92,8 @@ def _resolve_shared_dir(shared_dir: str) -> str:
 
 
 def corpus_specs(c) -> dict[str, corpus.CorpusSpec]:
-  """{"high": spec, "low": spec} from `c.data.{high,low}` (CorpusSpec fields).
+  """{"high": spec, "low": spec} from `c.data.{high,low}` (CorpusSpec fields), and "high_extra"
+  from `c.data.high_extra` when its path is set.
 
   A spec whose path is unset takes the proxy file of its role under `c.data.shared_dir`
   (`corpus.proxy_corpora`); every other field stays as the config says. A missing file or an
@@ -111,25 +112,25 @@ def corpus_specs(c) -> dict[str, corpus.CorpusSpec]:
             f"--config.data.low.path=data/tinystories_cs.txt")
       proxy = corpus.proxy_corpora(_resolve_shared_dir(shared))
       fields["path"] = proxy[f"{role}_resource"].path
-    spec = corpus.CorpusSpec(**fields)
-    try:
-      corpus.corpus_files(spec)
-    except FileNotFoundError as e:
-      raise FileNotFoundError(f"config.data.{role}.path: {e}. Set --config.data.{role}.path= to "
-                              f"an existing file or glob") from None
-    specs[role] = spec
+    specs[role] = _existing(corpus.CorpusSpec(**fields), role)
   # One parallel file read twice (a field per language): the split is keyed by document index,
   # so index i must be the same story on both sides, or held-out text leaks in translation.
   if corpus.corpus_files(specs["high"]) == corpus.corpus_files(specs["low"]):
     corpus.check_parallel(specs["high"], specs["low"])
   extra = _extra_fields(c)
   if extra:  # training text only: not in the tokenizer, the split or the held-out rows
-    specs["high_extra"] = corpus.CorpusSpec(**extra)
-    try:
-      corpus.corpus_files(specs["high_extra"])
-    except FileNotFoundError as e:
-      raise FileNotFoundError(f"config.data.high_extra.path: {e}") from None
+    specs["high_extra"] = _existing(corpus.CorpusSpec(**extra), "high_extra")
   return specs
+
+
+def _existing(spec: corpus.CorpusSpec, role: str) -> corpus.CorpusSpec:
+  """`spec`, once its files are found; else a FileNotFoundError naming the flag to set."""
+  try:
+    corpus.corpus_files(spec)
+  except FileNotFoundError as e:
+    raise FileNotFoundError(f"config.data.{role}.path: {e}. Set --config.data.{role}.path= to "
+                            f"an existing file or glob") from None
+  return spec
 
 
 def split_spec(c) -> corpus.SplitSpec:

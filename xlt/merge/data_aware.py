@@ -1,8 +1,9 @@
 """Merges weighted by statistics of each expert's data: RegMean (Jin et al. 2023), RegMean++
-(Nguyen et al. 2025) and Fisher merging (Matena & Raffel 2022). Each a pure function of the registry over the experts and their
-statistics, given as Python-only tree options; xlt.merge_statistics computes the statistics from
-forward and backward passes of xlt's model over token batches. tests/test_merge_data_aware.py
-checks both by hand and against fusion-bench's merging functions.
+(Nguyen et al. 2025) and Fisher merging (Matena & Raffel 2022). Each a pure function of the
+registry over the experts and their statistics, given as Python-only tree options;
+xlt.merge_statistics computes the statistics from forward and backward passes of xlt's model over
+token batches. tests/test_merge_data_aware.py checks them by hand and against fusion-bench's
+merging functions.
 
   grams    one {kernel path ("block_0/attn/q/kernel", or a tuple of names): G} per expert, G the
            mean Gram matrix X^T X / tokens of the inputs X that kernel saw, [in, in] in the order
