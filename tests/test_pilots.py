@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import merge as merge_config
-from configs import structure_pilots
+from configs import structure_pilots, structure_pilots_1b
 from xlt import grid, pilots
 from xlt.data import arithmetic
 from xlt.experiments.testbed import experiment as testbed
@@ -95,7 +95,8 @@ GOOD = dict(similarity=[0, 0.2, 0.3, 0.8, 0.9, 0.9, 0.8, 0.5, 0.3], accuracy=[1,
 
 def test_judge_passes_a_design_with_the_papers_structure():
   v = pilots.judge(_measured(**GOOD), SPEC, dosed=True)
-  assert all(v[k]["passes"] for k in pilots.CRITERIA), v
+  assert all(v[k]["passes"] for k in pilots.judged(SPEC)), v
+  assert "S2L" not in v  # stage 1's preregistration names the probe, not the lens
   assert v["S1"]["mean"] == pytest.approx({"middle": 0.85, "bottom": 0.25, "top": 0.3})
   assert v["S3"]["mean"] == pytest.approx({"edge_min": 0.92, "middle_min": 0.5})
   assert pilots.design_passes(v)
@@ -111,7 +112,7 @@ def test_judge_passes_a_design_with_the_papers_structure():
     (dict(task=0.8), "G2"), (dict(lang=0.8), "G2")])
 def test_judge_fails_exactly_the_criterion_that_does_not_hold(change, fails):
   v = pilots.judge(_measured(**{**GOOD, **change}), SPEC, dosed=True)
-  assert [k for k in pilots.CRITERIA if not v[k]["passes"]] == [fails]
+  assert [k for k in pilots.judged(SPEC) if not v[k]["passes"]] == [fails]
   assert not pilots.design_passes(v)
 
 
@@ -126,23 +127,68 @@ def test_a_criterion_needs_a_majority_of_bases_as_well_as_the_mean():
   assert [b["passes"] for b in v["S3"]["per_base"]] == [True, False, False] and not v["S3"]["passes"]
 
 
+SPEC_1B = {**{k: v for k, v in SPEC.items() if k != "S2"}, "S2L": {"mid_min": 0.6, "top_max": 0.4}}
+# the source script's share of the lens on the target's prompts, layers 0-8: the middle (layers
+# 3-6) reads out in the source, the top (layer 8) in the target
+LENS = [0.5, 0.5, 0.6, 0.8, 0.9, 0.7, 0.6, 0.3, 0.1]
+
+
+def _with_lens(share, **change):
+  m = _measured(**{**GOOD, **change})
+  m["lens"] = {"base": {"target_prompts share": {"mean": list(share), "values": [list(share)] * 3}}}
+  return m
+
+
+@pytest.mark.parametrize("share, passes, middle", [
+    (LENS, True, 0.75),
+    ([0.5, 0.5, 0.6, 0.8, 0.9, 0.3, 0.3, 0.3, 0.1], False, 0.575),  # the middle is half in the target
+    ([0.5, 0.5, 0.6, 0.8, 0.9, 0.7, 0.6, 0.6, 0.5], False, 0.75)])  # the top does not switch to the target
+def test_stage_1b_judges_the_lens_in_place_of_the_probe(share, passes, middle):
+  v = pilots.judge(_with_lens(share), SPEC_1B, dosed=True)
+  assert list(v) == ["S1", "S2L", "S3", "S4", "B1", "G1", "G2"]
+  assert v["S2L"]["passes"] is passes and v["S2L"]["mean"] == pytest.approx({"middle": middle, "top": share[8]})
+  assert pilots.design_passes(v) is passes
+
+
+def test_the_panel_has_a_place_per_stage(tmp_path):
+  result = {"stage": "pilots_1b", "prereg": {"file": "p.md", "commit": "a" * 40, "criteria": SPEC_1B},
+            "runs_commit": "b" * 40, "machine": "m", "command": "c",
+            "designs": [{"name": "x", "status": "run", "passes": True, "seeds": [0, 1, 2], "num_layers": 8,
+                         "wall_s": {"total": 600}, "verdicts": pilots.judge(_with_lens(LENS), SPEC_1B, dosed=True)}]}
+  doc = tmp_path / "doc.md"
+  stage1 = pilots.markers("pilots")
+  doc.write_text("\n".join(["# t", stage1[0], "old 1", stage1[1], "between", *pilots.markers("pilots_1b"), "end"]))
+  out = pilots.render(result, str(doc))
+  assert "old 1" in out and out.index("between") < out.index("| x | **pass**") and out.endswith("end")
+  assert "| design | S1 | S2L | S3 | S4 | B1 | G1 | G2 | passes |" in out
+  doc.write_text("no markers")
+  with pytest.raises(ValueError, match="pilots_1b"):
+    pilots.render(result, str(doc))
+
+
 def test_zones_at_the_pilots_depth():
   assert pilots.zones(8) == {"bottom": [0, 1], "top": [7], "middle": [2, 3, 4, 5]}
   assert pilots.zones(12) == {"bottom": [0, 1], "top": [11], "middle": [4, 5, 6, 7]}
 
 
-def test_the_config_matches_its_preregistration():
-  prereg = pilots.claims.read_prereg("docs/prereg/claims_study_2.md")["pilot"]
-  c = structure_pilots.get_config()
+@pytest.mark.parametrize("prereg_file, config", [("claims_study_2.md", structure_pilots),
+                                                  ("claims_study_2_pilots_1b.md", structure_pilots_1b)])
+def test_the_config_matches_its_preregistration(prereg_file, config):
+  prereg = pilots.claims.read_prereg(f"docs/prereg/{prereg_file}")["pilot"]
+  c = config.get_config()
   assert [p["name"] for p in c.grid] == [d["name"] for d in prereg["designs"]]
+  assert [p["data.base_task"][0][2] if p["data.base_task"] else 0 for p in c.grid] == [
+      d["dose"] for d in prereg["designs"]]
   assert c.model.num_layers == prereg["num_layers"] and c.num_seeds == len(prereg["seeds"]) and c.seed == 0
+  assert c.base.train.steps == prereg.get("base_steps", 2000) == c.base.opt.total_steps
   assert ml_collections.ConfigDict(prereg["criteria"]).S3.edge_keep == 0.9
 
 
-def test_recorded_pilot_verdicts_follow_the_rule_and_the_panel_in_docs_is_theirs():
+@pytest.mark.parametrize("name", ["structure_pilots.json", "structure_pilots_1b.json"])
+def test_recorded_pilot_verdicts_follow_the_rule_and_the_panel_in_docs_is_theirs(name):
   import json
   import os
-  path = os.path.join(pilots.claims.STUDIES, "structure_pilots.json")
+  path = os.path.join(pilots.claims.STUDIES, name)
   if not os.path.isfile(path):
     pytest.skip("no pilot results recorded")
   with open(path) as f:

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xlt import model, structure
+from xlt import layers, model, structure
 
 
 def _tree(block0: float, block1: float, wte: float):
@@ -81,6 +81,41 @@ def test_residuals_start_at_the_embeddings_and_a_block_changes_only_what_follows
   assert logits.shape == (2, 4, 11)
 
 
+def test_the_lens_at_the_last_layer_is_the_model_and_at_layer_0_the_head_on_the_embeddings():
+  cfg = model.Config(vocab_size=11, block_size=8, num_layers=3, num_heads=2, d_model=8, pos_embedding="rope")
+  params = model.init_params(cfg, jax.random.key(0))
+  tokens = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])
+  logits, _ = model.apply(cfg, params, jnp.asarray(tokens))
+  np.testing.assert_allclose(structure.lens_probabilities(cfg, params, tokens, 3),
+                             jax.nn.softmax(logits[:, -1], -1), rtol=1e-5, atol=1e-7)
+  # layer 0: the final norm and head on the last token's embedding, whatever the blocks hold
+  moved = {**params, **{f"block_{i}": jax.tree.map(lambda x: x + 1.0, params[f"block_{i}"]) for i in range(3)}}
+  p0 = structure.lens_probabilities(cfg, moved, tokens, 0)
+  embedded = structure.residuals(cfg, params, tokens)[0, :, -1]
+  normed = layers.norm(cfg, "ln_f").apply({"params": params["ln_f"]}, jnp.asarray(embedded))
+  np.testing.assert_allclose(p0, jax.nn.softmax(normed @ params["lm_head"]["kernel"], -1), rtol=1e-5, atol=1e-7)
+  assert not np.allclose(structure.lens_probabilities(cfg, moved, tokens, 2),
+                         structure.lens_probabilities(cfg, params, tokens, 2))
+
+
+def test_script_lens_shares_the_mass_between_two_scripts(monkeypatch):
+  # a lens that puts, at layer l, mass 0.1 * l on token 1 (script a) and 0.2 on token 3 (script b)
+  cfg = model.Config(vocab_size=6, block_size=8, num_layers=2, num_heads=2, d_model=8)
+
+  def fake(cfg_, params, tokens, layer):
+    p = np.full((len(tokens), 6), 0.0)
+    p[:, 1], p[:, 3] = 0.1 * layer, 0.2
+    p[:, 5] = 1 - p.sum(1)
+    return p
+
+  monkeypatch.setattr(structure, "lens_probabilities", fake)
+  out = structure.script_lens(cfg, None, [np.zeros((3, 4), int), np.zeros((2, 5), int)], [1, 2], [3, 4])
+  assert out["share"] == pytest.approx([0.0, 1 / 3, 0.5])
+  assert out["mass"] == pytest.approx([0.2, 0.3, 0.4])
+  with pytest.raises(ValueError, match="share tokens"):
+    structure.script_lens(cfg, None, [np.zeros((1, 4), int)], [1, 2], [2, 3])
+
+
 def test_the_command_measures_a_finished_run_and_refuses_other_workdirs(finished_testbed, tmp_path, capsys):
   out = tmp_path / "s.json"
   assert structure.main([f"--workdir={finished_testbed}", "--problems=4", f"--out={out}",
@@ -95,6 +130,9 @@ def test_the_command_measures_a_finished_run_and_refuses_other_workdirs(finished
     acc = r["probe"][name]["accuracy"]["mean"]
     assert len(acc) == 5 and acc[0] == 0.5  # at the embeddings "=" is the same token in both languages
     assert r["probe"][name]["similarity"]["mean"][0] == 1.0
+  lens = r["lens"]["base"]
+  assert len(lens["target_prompts share"]["values"]) == 2 and len(lens["source_prompts mass"]["mean"]) == 5
+  assert all(0 <= x <= 1 for k in lens for x in lens[k]["mean"])
   assert (tmp_path / "s.png").exists()
   (tmp_path / "other").mkdir()
   assert structure.main([f"--workdir={tmp_path / 'other'}"]) == 2

@@ -18,6 +18,11 @@ For a finished testbed or regime-map run (its config.json, base/ and fine-tune s
            the other half (the two languages' prompts share their problems and differ only in
            the tag); and the cross-language similarity, the mean cosine between the centred
            residuals of the same problem in the two languages;
+  lens     (arithmetic) per layer of the base, the logit lens at the answer position (the
+           model's own final norm and head on the residual): the source answer script's share
+           of the lens mass on the two languages' scripts, on the target's prompts and on the
+           source's (where the middle reads out: the source, as multilingual LLMs' middle
+           layers decode into their dominant language, or the target);
   edges    the papers' picture in numbers: the share of each expert's squared delta that lies in
            the paper's swap zone (bottom 5 and top 2 of 32 layers, scaled to the depth) divided
            by the zone's share of the block parameters (> 1: concentrated at the edges).
@@ -50,6 +55,7 @@ from xlt import experiments
 from xlt import model as model_lib
 from xlt import report
 from xlt import results as results_lib
+from xlt.data import arithmetic
 from xlt.experiments import common as kind_lib
 from xlt.io import fileio
 
@@ -240,6 +246,51 @@ def probe_model(cfg, params, pairs) -> dict:
   return {"accuracy": acc, "similarity": sim}
 
 
+# --------------------------------------------------------------------------- logit lens
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _last_logits(cfg, params, tokens_BxT):
+  return model_lib.apply(cfg, params, tokens_BxT)[0][:, -1, :cfg.vocab_size].astype(jnp.float32)
+
+
+def lens_probabilities(cfg, params, tokens_BxT, layer: int) -> np.ndarray:
+  """[B, V]: the logit lens at the last position after `layer` blocks (0: the embeddings), the
+  model's own final norm and head applied to that residual: the model cut to its first `layer`
+  blocks, so the lens at the last layer is the model's own next-token distribution."""
+  cut = dataclasses.replace(cfg, num_layers=max(layer, 1))
+  kept = {k: v for k, v in params.items() if not (k.startswith("block_") and int(k[len("block_"):]) >= layer)}
+  if layer == 0:  # a model needs a block: one whose every weight is zero adds exactly 0 to the residual
+    kept["block_0"] = jax.tree.map(jnp.zeros_like, params["block_0"])
+  return np.asarray(jax.nn.softmax(_last_logits(cut, kept, jnp.asarray(tokens_BxT)), axis=-1))
+
+
+def script_lens(cfg, params, prompts: list[np.ndarray], first_ids, second_ids) -> dict:
+  """Per layer 0..L over every prompt (each array [N, T] of one operation's prompts): the mean
+  share of the first script in the lens's mass on the two, P(first) / (P(first) + P(second)),
+  with P(S) the lens probability summed over S's token ids at the answer position; and the mean
+  mass P(first) + P(second) (how much of the lens points at an answer at all)."""
+  first, second = np.asarray(first_ids), np.asarray(second_ids)
+  if set(first_ids) & set(second_ids):
+    raise ValueError("the two languages' answer scripts share tokens: no script lens")
+  share, mass = [], []
+  for layer in range(cfg.num_layers + 1):
+    p = np.concatenate([lens_probabilities(cfg, params, x, layer) for x in prompts])
+    a, b = p[:, first].sum(1), p[:, second].sum(1)
+    share.append(float(np.mean(a / np.maximum(a + b, 1e-30))))
+    mass.append(float(np.mean(a + b)))
+  return {"share": share, "mass": mass}
+
+
+def lens_model(cfg, params, task, pairs, source: str, target: str) -> dict:
+  """The script lens of `params` on the target language's prompts and on the same problems'
+  source prompts (`paired_prompts`): the source script's share per layer, and the mass on the
+  two scripts. Arithmetic languages only (their answer scripts)."""
+  ids = {lang: task.tokenizer.encode(list(arithmetic.answer_script(lang))) for lang in (source, target)}
+  on = lambda k: script_lens(cfg, params, [p[k] for p in pairs], ids[source], ids[target])
+  return {"target_prompts": on(1), "source_prompts": on(0)}
+
+
 # --------------------------------------------------------------------------- a finished run
 
 
@@ -326,6 +377,11 @@ def measure(workdir: str, stage: str, problems: int = 200, seeds: int = 0) -> di
     per = [probe_model(cfg, m[which], pairs) for m in models]
     out["probe"][name] = {k: {"mean": _mean([p[k] for p in per]), "values": [p[k] for p in per]}
                           for k in ("accuracy", "similarity")}
+  if c.task == "arithmetic":
+    per = [lens_model(cfg, m[0], prep.task, pairs, c.languages.source, c.languages.target) for m in models]
+    out["lens"] = {"base": {f"{prompts} {k}": {"mean": _mean([p[prompts][k] for p in per]),
+                                               "values": [p[prompts][k] for p in per]}
+                            for prompts in ("target_prompts", "source_prompts") for k in ("share", "mass")}}
   return out
 
 

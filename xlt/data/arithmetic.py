@@ -111,10 +111,15 @@ def answer_tokens(v: int, language: str) -> tuple[str, ...]:
   return _digits(v, LANGUAGE_SPECS[language].answer_digits)[::-1]
 
 
+def answer_script(language: str) -> tuple[str, ...]:
+  """The ten digit tokens `language` writes its answers in (0 first)."""
+  return LANGUAGE_SPECS[language].answer_digits or _SHARED
+
+
 def decode_answer(tokens: Sequence[str], language: str) -> int:
   """The value an answer (least significant digit first) writes in `language`'s script; a
   ValueError unless it is exactly that script's spelling of a number (no leading zeros)."""
-  digits = LANGUAGE_SPECS[language].answer_digits or _SHARED
+  digits = answer_script(language)
   msd = list(tokens)[::-1]
   if not msd or any(t not in digits for t in msd) or (len(msd) > 1 and msd[0] == digits[0]):
     raise ValueError(f"{tokens!r} is not a number in {language}'s script")
