@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from xlt import loop, plan, plan_report, report, roofline
+from xlt import loop, model, plan, plan_report, report, roofline
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 BASE = str(REPO / "tests" / "fixtures" / "hf" / "llama")  # Llama-shaped: vocab 64, width 32, 2 blocks
@@ -24,7 +24,7 @@ TINY = ["--config=" + str(REPO / "configs" / "finetune.py"), f"--config.base={BA
 
 def _plan(*extra, tmp_path=None):
   out = str(tmp_path / "plan.json")
-  plan.run([*TINY, *extra, f"--output={out}"])
+  plan.run([*TINY, *extra, f"--output={out}", "--overwrite"])
   with open(out) as f:
     return json.load(f)
 
@@ -70,6 +70,29 @@ def test_fsdp_brings_collectives_one_device_has_none(tmp_path):
   assert one["collectives"] == {} and one["sent"] == 0
   four = _plan("--cpu_devices=4", "--meshes=1x4x1", tmp_path=tmp_path)["stages"][0]["candidates"][0]
   assert "all-gather" in four["collectives"] and four["sent"] > 0
+
+
+def test_under_fsdp_the_residual_stream_stays_split_over_the_batch(tmp_path, monkeypatch):
+  # model.batch_sharded holds the residual stream split over data x fsdp; left to itself the
+  # partitioner gathered activations too (on these devices: 665 KB of collectives against 173
+  # KB, half again the temp memory); a data-only mesh splits the batch either way: the same bytes
+  def collectives(mesh, devices):
+    x = _plan(f"--cpu_devices={devices}", f"--meshes={mesh}", tmp_path=tmp_path)["stages"][0]["candidates"][0]
+    return sum(v["bytes"] for v in x["collectives"].values()), x["memory"]["temp"]
+
+  split = {m: collectives(m, n) for m, n in (("1x4x1", 4), ("4x1x1", 4))}
+  monkeypatch.setattr(model, "batch_sharded", lambda x: x)
+  free = {m: collectives(m, n) for m, n in (("1x4x1", 4), ("4x1x1", 4))}
+  assert split["1x4x1"][0] * 2 < free["1x4x1"][0] and split["1x4x1"][1] < free["1x4x1"][1], (split, free)
+  assert split["4x1x1"] == free["4x1x1"]
+
+
+def test_an_existing_output_is_replaced_only_with_overwrite(tmp_path, capsys):
+  out = tmp_path / "plan.json"
+  out.write_text("a plan the user keeps")
+  assert plan.main([*TINY, "--cpu_devices=1", f"--output={out}"]) == 2
+  assert capsys.readouterr().err == f"xlt.plan: error: --output={out} exists: give --overwrite to replace it\n"
+  assert out.read_text() == "a plan the user keeps"
 
 
 def test_lora_and_a_frozen_partition_plan(tmp_path):

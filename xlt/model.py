@@ -38,11 +38,13 @@ from typing import NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import AxisType, PartitionSpec as P
 
 from xlt import attention as attention_lib
 from xlt import layers
 from xlt import matmul
 from xlt import param_paths
+from xlt.sharding import BATCH
 from xlt.layers import DROPOUT_BITS, causal_attention, dropout, gelu, rope  # noqa: F401 (xlt.model's API)
 
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")
@@ -225,6 +227,24 @@ class PaddedCache(NamedTuple):
   valid_BxS: jax.Array  # True where a real token was written; padding and unwritten slots False
 
 
+def batch_sharded(x_BxTxD):
+  """The residual stream held split over the batch's mesh axes (data x fsdp) when a mesh is set
+  (jax.set_mesh, as the training loop and xlt.plan do). Without it XLA's partitioner is free to
+  keep fsdp's activations whole on every device: the 8B plan's largest collective was an
+  all-reduce of the whole batch's activations, not fsdp's all-gathers of weights. A data-only
+  mesh already splits the batch this way (the same program)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or not set(BATCH) <= set(mesh.axis_names):
+    return x_BxTxD
+  types = dict(zip(mesh.axis_names, mesh.axis_types))
+  if any(types[a] != AxisType.Auto for a in BATCH):  # inside shard_map (Manual): already per device
+    return x_BxTxD
+  ways = mesh.shape["data"] * mesh.shape["fsdp"]
+  if ways == 1 or x_BxTxD.shape[0] % ways:  # one way, or a batch (a decode's) that does not split evenly
+    return x_BxTxD
+  return jax.lax.with_sharding_constraint(x_BxTxD, P(BATCH, *([None] * (x_BxTxD.ndim - 1))))
+
+
 def _padding(tokens_BxT, cache, pos, valid_BxT):
   """The batch's `Padding` and the cache's updated slot validity (None without a cache); both
   None when nothing is padded (no `valid_BxT` and a plain cache), so the programs are the
@@ -362,6 +382,7 @@ class GPT(nn.Module):
     x_BxTxD = _dropout(self, c, x_BxTxD).astype(dt)
     if c.embed_scale:  # Gemma: sqrt(D) rounded to the compute dtype first, as transformers does
       x_BxTxD = x_BxTxD * jnp.asarray(c.d_model ** 0.5, dt)
+    x_BxTxD = batch_sharded(x_BxTxD)
     new_cache, layer_caches = [], cache.layers if isinstance(cache, PaddedCache) else cache
     block = Block
     if c.remat == "block" and cache is None:  # training: decoding has no backward pass to save for
@@ -370,6 +391,7 @@ class GPT(nn.Module):
     for i in range(c.num_layers):
       x_BxTxD, layer_cache = block(c, c.window(i), name=f"block_{i}")(
           x_BxTxD, None if cache is None else layer_caches[i], pos, pad)
+      x_BxTxD = batch_sharded(x_BxTxD)
       new_cache.append(layer_cache)
     if last_only:  # the final norm and the head act on each position alone: [B, T, V] is never made
       x_BxTxD = x_BxTxD[:, -1:]

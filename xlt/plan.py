@@ -48,6 +48,7 @@ import time
 import types
 
 from xlt import cli, plan_report, report, roofline
+from xlt.io import fileio
 
 REMATS = plan_report.REMATS
 
@@ -62,7 +63,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str]]]:
   p.add_argument("--remat", default="", help=f"candidate remat policies, comma-separated: {', '.join(REMATS)}")
   p.add_argument("--stages", default="", help="plan only these stages (comma-separated names)")
   p.add_argument("--device_memory_gb", type=float, default=0.0, help="the memory per device (default: the chip's)")
-  p.add_argument("--output", default="", help="write the plan as JSON here")
+  p.add_argument("--output", default="", help="write the plan as JSON here (a new file, unless --overwrite)")
+  p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
   p.add_argument("--render", default="", help="instead of planning: the tables of these plan files (a glob)")
   p.add_argument("--doc", default="", help="with --render: replace the tables of this markdown file")
   p.add_argument("--traceback", action="store_true", help="show the full traceback of a user error")
@@ -77,6 +79,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str]]]:
     overrides.append((name[len("config."):], value))
   if sum(map(bool, (args.topology, args.cpu_devices, args.gpus))) > 1:
     raise cli.UserError("--topology, --cpu_devices and --gpus are targets: give one")
+  if args.output and os.path.exists(args.output) and not args.overwrite:
+    raise cli.UserError(f"--output={args.output} exists: give --overwrite to replace it")
   return args, overrides
 
 
@@ -286,8 +290,7 @@ def run(argv: list[str]):
   result["wall_s"] = round(time.time() - start, 1)
   print(plan_report.text(result), flush=True)
   if args.output:
-    with open(args.output, "w") as f:
-      json.dump(result, f, indent=1, default=float)
+    fileio.write_text(args.output, json.dumps(result, indent=1, default=float))  # temp + rename
   if any(all(x.get("fits") is False or "error" in x for x in s["candidates"]) for s in result["stages"]):
     raise SystemExit(1)
   return result

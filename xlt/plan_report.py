@@ -12,6 +12,7 @@ import os
 import time
 
 from xlt import cli, roofline
+from xlt.io import fileio
 
 GiB = 1 << 30
 # --remat's names: model.Config's (remat, remat_policy)
@@ -286,8 +287,7 @@ def render(pattern: str, doc: str) -> str:
   if BEGIN not in old or END not in old:
     raise cli.UserError(f"--doc={doc}: no {BEGIN} ... {END} lines to put the tables between")
   head, rest = old.split(BEGIN, 1)
-  with open(doc, "w") as f:
-    f.write(f"{head}{BEGIN}\n{tables}{END}{rest.split(END, 1)[1]}")
+  fileio.write_text(doc, f"{head}{BEGIN}\n{tables}{END}{rest.split(END, 1)[1]}")  # temp + rename: never half a doc
   return tables
 
 
