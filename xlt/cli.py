@@ -7,6 +7,8 @@ import argparse
 import sys
 from typing import Callable
 
+from xlt import compile_cache
+
 
 class UserError(ValueError):
   """A bad command line or input file: reported as one line, exit status 2."""
@@ -20,9 +22,10 @@ class Parser(argparse.ArgumentParser):
 
 
 def run_command(prog: str, run: Callable[[list[str]], object], argv: list[str] | None = None) -> int:
-  """`run(argv)`; a ValueError or OSError (xlt's user errors, a file that cannot be read, a model
+  """`run(argv)` with the persistent compilation cache on (xlt.compile_cache); a ValueError or OSError (xlt's user errors, a file that cannot be read, a model
   the loader refuses) is printed as "<prog>: error: <its first line>" and returns 2."""
   argv = sys.argv[1:] if argv is None else argv
+  compile_cache.enable()
   try:
     run(argv)
   except (ValueError, OSError) as e:

@@ -186,7 +186,9 @@ def main(argv):
     _check_command(c)
   except ValueError as e:
     _exit_with(e)
-  from xlt import checkpoint, distributed, grid, runner
+  from xlt import checkpoint, compile_cache, distributed, grid, runner
+
+  compile_cache.enable()
 
   if not _TRACEBACK.value:
     checkpoint.quiet_background_errors()  # a full disk: one line, not orbax's tracebacks first

@@ -24,7 +24,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from xlt import hf_tokenizer, lora, merge, merge_statistics, pretrained, sharding
+from xlt import compile_cache, hf_tokenizer, lora, merge, merge_statistics, pretrained, sharding
 from xlt.data import sft
 from xlt.io import config_files, fileio
 from xlt.merge import registry
@@ -184,6 +184,7 @@ def main(argv, config=None, overwrite: bool = False):
   if config is None or config.value is None:
     print("xlt.merge_data: error: --config=configs/merge_data.py is required", file=sys.stderr)
     return 2
+  compile_cache.enable()
   try:
     summary = run(config.value, overwrite=overwrite)
   except (ValueError, TypeError, OSError) as e:

@@ -50,6 +50,7 @@ import numpy as np
 import optax
 
 from xlt import checkpoint as ckpt_lib
+from xlt import compile_cache
 from xlt import ensemble_decode
 from xlt import experiments
 from xlt import model as model_lib
@@ -432,6 +433,7 @@ def main(argv=None) -> int:
   a = p.parse_args(argv)
   stage = a.stage or ("finetune" if os.path.isdir(os.path.join(a.workdir, "finetune")) else "finetune_r0")
   start = time.time()
+  compile_cache.enable()
   try:
     result = measure(a.workdir, stage, a.problems, a.seeds)
   except (ValueError, OSError) as e:

@@ -1,0 +1,64 @@
+"""xlt's commands keep jax's persistent compilation cache in a user cache folder by default;
+jax's own variable wins, and XLT_COMPILATION_CACHE names another folder or turns it off."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from xlt import cli, compile_cache
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path):
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  monkeypatch.delenv(compile_cache.ENV, raising=False)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+  return monkeypatch
+
+
+def test_the_folder_by_precedence(env, tmp_path):
+  assert compile_cache.folder() == str(tmp_path / "xdg" / "xlt" / "jax")
+  env.setenv(compile_cache.ENV, str(tmp_path / "mine"))
+  assert compile_cache.folder() == str(tmp_path / "mine")
+  for off in ("0", "off", "OFF", "false", "no"):
+    env.setenv(compile_cache.ENV, off)
+    assert compile_cache.folder() is None and compile_cache.enable() is None
+  env.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax"))
+  assert compile_cache.folder() == str(tmp_path / "jax")  # jax's own variable wins, even over off
+
+
+def _compile_in_child(tmp_path, **variables):
+  code = "from xlt import compile_cache; print(compile_cache.enable()); import jax; jax.jit(lambda x: x * 3)(2.0)"
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", compile_cache.ENV)}
+  env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PLATFORMS="cpu", PYTHONPATH=REPO, **variables)
+  r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr
+  return r.stdout.strip()
+
+
+def test_a_command_writes_compiled_programs_to_the_user_folder_unless_turned_off(tmp_path):
+  default = tmp_path / "xdg" / "xlt" / "jax"
+  assert _compile_in_child(tmp_path) == str(default)
+  assert any(default.iterdir())  # the jitted program is on disk
+  other = tmp_path / "other"
+  assert _compile_in_child(tmp_path, XLT_COMPILATION_CACHE=str(other)) == str(other) and any(other.iterdir())
+  off = tmp_path / "off"
+  assert _compile_in_child(off, XLT_COMPILATION_CACHE="off") == "None" and not (off / "xdg").exists()
+
+
+def test_a_folder_that_cannot_be_made_leaves_the_cache_off(env, tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("")
+  env.setenv(compile_cache.ENV, str(blocker / "below"))
+  assert compile_cache.enable() is None
+
+
+def test_every_cli_command_turns_it_on(monkeypatch):
+  calls = []
+  monkeypatch.setattr(compile_cache, "enable", lambda: calls.append(1))
+  assert cli.run_command("xlt.x", lambda argv: None, []) == 0 and calls == [1]

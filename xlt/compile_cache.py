@@ -1,0 +1,52 @@
+"""jax's persistent compilation cache for xlt's commands, on by default.
+
+A command's first run pays XLA's compilation; a second run of the same programs (the same
+model, shapes, mesh, flags and jax version: jax's cache key) loads them from disk instead. The
+folder, in order of precedence:
+
+  JAX_COMPILATION_CACHE_DIR   jax's own setting, used as it is (xlt changes nothing)
+  XLT_COMPILATION_CACHE       a folder, or 0 / off / false / no: no persistent cache
+  otherwise                   $XDG_CACHE_HOME/xlt/jax (default ~/.cache/xlt/jax)
+
+Only programs that took at least jax's `jax_persistent_cache_min_compile_time_secs` (1 s by
+default) to compile are written. The cache holds compiled code, never a user's data; deleting
+the folder is always safe. A folder that cannot be made leaves the cache off, with no error:
+a cache is a saving, never a condition of running.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+ENV = "XLT_COMPILATION_CACHE"
+OFF = ("0", "off", "false", "no")
+
+
+def default_dir() -> str:
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "xlt", "jax")
+
+
+def folder() -> str | None:
+  """The folder xlt's commands cache compiled programs in, or None (off)."""
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return os.environ["JAX_COMPILATION_CACHE_DIR"]
+  value = os.environ.get(ENV, "").strip()
+  if value.lower() in OFF:
+    return None
+  return value or default_dir()
+
+
+def enable() -> str | None:
+  """Turn the cache on for this process (before its first compilation); the folder, or None."""
+  path = folder()
+  if path is None or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return path  # off, or jax reads its own variable
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError:
+    return None
+  jax.config.update("jax_compilation_cache_dir", path)
+  return path
