@@ -109,6 +109,9 @@ def test_the_fixtures_are_fusion_benchs_own(tmp_path, monkeypatch):
   spec.loader.exec_module(script)
   monkeypatch.setattr(script, "OUT", str(tmp_path))
   script.main()
+  # fusion-bench's float32 statistics are not bit-stable across machines and thread counts: its
+  # rerun on another 2-core machine moved RegMean by 7.2e-6 and Fisher by 2.9e-6 from the stored
+  # fixtures, so the bar sits above that drift and below the xlt-against-peer bars above
   for name in ("regmean", "regmean_plusplus", "fisher"):
     assert _max_diff(load_file(str(tmp_path / f"{name}.safetensors")),
-                     load_file(os.path.join(FIXTURES, f"{name}.safetensors"))) < 1e-6
+                     load_file(os.path.join(FIXTURES, f"{name}.safetensors"))) < 1.5e-5
