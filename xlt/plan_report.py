@@ -319,6 +319,8 @@ def markdown(paths: list[str]) -> str:
           continue
         step = f"{x['roofline']['step_s'] * 1e3:.0f} ({x['roofline']['bound']})" if "roofline" in x else "-"
         mfu = f"{x['mfu'] * 100:.1f}%" if "mfu" in x else "-"
+        if x.get("mfu", 0) > 1:  # the compiled FLOPs fell below the model's: no ceiling (docs/scale.md)
+          mfu += " (void: compiled FLOPs below the model's)"
         lines.append(f"| {r['config'].split('/')[-1]} | {', '.join(s['names'])} | {r['target']} | "
                      f"{m['data']}x{m['fsdp']}x{m['tensor']} | {x['remat']} | "
                      f"{ {True: 'yes', False: '**no**', None: '-'}[x['fits']]} | "
