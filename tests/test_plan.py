@@ -168,6 +168,18 @@ def test_render_puts_the_tables_between_the_docs_markers(tmp_path):
   assert "| 1x2x1 | none |" in row
 
 
+def test_an_mfu_above_one_is_rendered_void(tmp_path):
+  r = json.loads((REPO / "results" / "plans" / "layer_swap_8b_v6e-16.json").read_text())
+  x = r["stages"][0]["candidates"][0]
+  assert 0 < x["mfu"] < 1
+  (tmp_path / "ok.json").write_text(json.dumps(r))
+  x["mfu"] = 1.17  # a compiled FLOP count below the model's own
+  (tmp_path / "void.json").write_text(json.dumps({**r, "target": "elsewhere"}))
+  rows = {line.split(" | ")[2]: line for line in plan_report.markdown([f"{tmp_path}/*.json"]).splitlines()
+          if "finetune_task_expert" in line}
+  assert "117.0% (void" in rows["elsewhere"] and "void" not in rows[r["target"]]
+
+
 def test_a_plan_file_records_how_it_was_made(tmp_path):
   out = str(tmp_path / "plan.json")
   argv = [*TINY, "--cpu_devices=2", "--meshes=1x2x1", f"--output={out}"]
