@@ -80,7 +80,7 @@ def test_the_preregistration_names_every_claim_and_gate_once():
 def _studies():
   """The claims studies' results files (a pilots' file holds structure verdicts: tests/test_pilots.py)."""
   names = sorted(os.listdir(claims.STUDIES)) if os.path.isdir(claims.STUDIES) else []
-  return [n for n in names if json.load(open(os.path.join(claims.STUDIES, n))).get("stage") != "pilots"]
+  return [n for n in names if not claims.is_pilots(json.load(open(os.path.join(claims.STUDIES, n))))]
 
 
 def test_study_wide_holm_is_one_family_over_the_regimes_that_passed_their_gates():

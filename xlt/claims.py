@@ -295,6 +295,12 @@ def section(result: dict) -> str:
   return "\n".join(out + ["", END])
 
 
+def is_pilots(result: dict) -> bool:
+  """Whether a studies' results file holds a pilot round's structure verdicts (stage "pilots",
+  "pilots_1b", ...), not claims."""
+  return str(result.get("stage", "")).startswith("pilots")
+
+
 def render(doc: str = DOC, studies: str = STUDIES, write: bool = True) -> str:
   """docs/testbed.md with its claims map replaced by the one the results files give."""
   with open(doc, encoding="utf-8") as f:
@@ -305,7 +311,7 @@ def render(doc: str = DOC, studies: str = STUDIES, write: bool = True) -> str:
   for name in sorted(os.listdir(studies)) if os.path.isdir(studies) else []:
     with open(os.path.join(studies, name), encoding="utf-8") as f:
       result = json.load(f)
-    if result.get("stage") == "pilots":  # a structure panel (xlt.pilots renders it), no claims
+    if is_pilots(result):  # a structure panel (xlt.pilots renders it), no claims
       continue
     sections.append(section(result))
     if write and result["regimes"]:
