@@ -51,6 +51,18 @@ def test_a_command_writes_compiled_programs_to_the_user_folder_unless_turned_off
   assert _compile_in_child(off, XLT_COMPILATION_CACHE="off") == "None" and not (off / "xdg").exists()
 
 
+def test_programs_quicker_than_jax_default_are_kept_unless_the_user_says(tmp_path):
+  code = ("from xlt import compile_cache; import jax; compile_cache.enable(); "
+          "print(jax.config.jax_persistent_cache_min_compile_time_secs)")
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", compile_cache.ENV,
+                                                           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
+  env.update(XDG_CACHE_HOME=str(tmp_path), JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+  run = lambda **more: subprocess.run([sys.executable, "-c", code], env={**env, **more}, capture_output=True,
+                                      text=True, timeout=120).stdout.strip()
+  assert float(run()) == compile_cache.MIN_COMPILE_S < 1
+  assert float(run(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="2.5")) == 2.5
+
+
 def test_a_folder_that_cannot_be_made_leaves_the_cache_off(env, tmp_path):
   blocker = tmp_path / "file"
   blocker.write_text("")
