@@ -387,14 +387,16 @@ def measure(workdir: str, stage: str, problems: int = 200, seeds: int = 0) -> di
 
 
 def plot(result: dict, path: str):
-  """Four panels by block: the experts' relative deltas, the swap curve, the language probe's
-  accuracy and the cross-language similarity (the paper's swap zone shaded)."""
+  """Panels by block: the experts' relative deltas, the swap curve, the language probe's
+  accuracy, the cross-language similarity and (arithmetic) the base's script lens (the paper's
+  swap zone shaded)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   layers, z = result["num_layers"], result["zone"]
-  fig, axes = plt.subplots(1, 4, figsize=(17, 3.6))
+  lens = result.get("lens", {}).get("base")
+  fig, axes = plt.subplots(1, 5 if lens else 4, figsize=(21 if lens else 17, 3.6))
   blocks = np.arange(layers)
   for name, d in result["delta"].items():
     axes[0].plot(blocks, d["by_block"], marker="o", label=name)
@@ -407,6 +409,10 @@ def plot(result: dict, path: str):
     axes[3].plot(np.arange(layers + 1), p["similarity"]["mean"], marker="o", label=name)
   axes[2].set(title="language probe (held out)", xlabel="layer (0: embeddings)", ylabel="accuracy %")
   axes[3].set(title="cross-language similarity", xlabel="layer (0: embeddings)", ylabel="mean cosine")
+  if lens:
+    for prompts in ("target_prompts", "source_prompts"):
+      axes[4].plot(np.arange(layers + 1), lens[f"{prompts} share"]["mean"], marker="o", label=prompts.replace("_", " "))
+    axes[4].set(title="base's lens: source script's share", xlabel="layer (0: embeddings)", ylabel="share")
   for k, ax in enumerate(axes):
     shift = 0.5 if k >= 2 else 0.0  # layer l is the residual after block l - 1
     ax.axvspan(-0.5 + shift, z["bottom"] - 0.5 + shift, color="0.9", zorder=0)
