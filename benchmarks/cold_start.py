@@ -1,6 +1,7 @@
 """Time to first result of xlt's commands, as a new user meets them: with no persistent
 compilation cache, with an empty one (the first run ever: cold) and with the one that run filled
-(every later run: warm). xlt's commands keep the cache by default (xlt/compile_cache.py).
+(every later run: warm), the cache xlt's commands keep when XLT_COMPILATION_CACHE asks
+(xlt/compile_cache.py; this script sets it per run).
 
   python benchmarks/cold_start.py --out=results/benchmarks/cold_start.json
   python benchmarks/cold_start.py --smoke     # one round, no file: checks the script runs

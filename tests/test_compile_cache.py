@@ -1,5 +1,5 @@
-"""xlt's commands keep jax's persistent compilation cache in a user cache folder by default;
-jax's own variable wins, and XLT_COMPILATION_CACHE names another folder or turns it off."""
+"""xlt's commands keep jax's persistent compilation cache when XLT_COMPILATION_CACHE asks (on:
+a user cache folder; a path: that folder); jax's own variable wins; unset or off, none."""
 
 import os
 import subprocess
@@ -21,7 +21,10 @@ def env(monkeypatch, tmp_path):
 
 
 def test_the_folder_by_precedence(env, tmp_path):
-  assert compile_cache.folder() == str(tmp_path / "xdg" / "xlt" / "jax")
+  assert compile_cache.folder() is None  # off unless asked for
+  for on in ("1", "on", "ON", "yes", "true"):
+    env.setenv(compile_cache.ENV, on)
+    assert compile_cache.folder() == str(tmp_path / "xdg" / "xlt" / "jax")
   env.setenv(compile_cache.ENV, str(tmp_path / "mine"))
   assert compile_cache.folder() == str(tmp_path / "mine")
   for off in ("0", "off", "OFF", "false", "no"):
@@ -41,14 +44,15 @@ def _compile_in_child(tmp_path, **variables):
   return r.stdout.strip()
 
 
-def test_a_command_writes_compiled_programs_to_the_user_folder_unless_turned_off(tmp_path):
+def test_a_command_writes_compiled_programs_to_the_user_folder_when_asked(tmp_path):
   default = tmp_path / "xdg" / "xlt" / "jax"
-  assert _compile_in_child(tmp_path) == str(default)
+  assert _compile_in_child(tmp_path, XLT_COMPILATION_CACHE="on") == str(default)
   assert any(default.iterdir())  # the jitted program is on disk
   other = tmp_path / "other"
   assert _compile_in_child(tmp_path, XLT_COMPILATION_CACHE=str(other)) == str(other) and any(other.iterdir())
-  off = tmp_path / "off"
-  assert _compile_in_child(off, XLT_COMPILATION_CACHE="off") == "None" and not (off / "xdg").exists()
+  for off in ("off", ""):
+    where = tmp_path / f"off{off}"
+    assert _compile_in_child(where, XLT_COMPILATION_CACHE=off) == "None" and not (where / "xdg").exists()
 
 
 def test_programs_quicker_than_jax_default_are_kept_unless_the_user_says(tmp_path):
@@ -56,7 +60,7 @@ def test_programs_quicker_than_jax_default_are_kept_unless_the_user_says(tmp_pat
           "print(jax.config.jax_persistent_cache_min_compile_time_secs)")
   env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", compile_cache.ENV,
                                                            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
-  env.update(XDG_CACHE_HOME=str(tmp_path), JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+  env.update(XDG_CACHE_HOME=str(tmp_path), JAX_PLATFORMS="cpu", PYTHONPATH=REPO, XLT_COMPILATION_CACHE="on")
   run = lambda **more: subprocess.run([sys.executable, "-c", code], env={**env, **more}, capture_output=True,
                                       text=True, timeout=120).stdout.strip()
   assert float(run()) == compile_cache.MIN_COMPILE_S < 1
