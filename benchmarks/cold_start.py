@@ -61,7 +61,8 @@ def commands(work: str) -> dict[str, list[str]]:
       "finetune": ["-m", "xlt.main", "--config=configs/finetune.py", f"--workdir={out('finetune')}",
                    f"--config.base={FIXTURE}", f"--config.data.task={task}", f"--config.data.language={lang}",
                    "--config.data.block_size=24", "--config.data.val_fraction=0.2", "--config.train.steps=1",
-                   "--config.train.eval_every=1", "--config.train.batch_size=4", f"--config.eval.prompts=('{prompts}',)", "--config.eval.max_new=2"],
+                   "--config.train.eval_every=1", "--config.train.batch_size=4",
+                   f"--config.eval.prompts=('{prompts}',)", "--config.eval.max_new=2"],
   }
   if importlib.util.find_spec("lm_eval") is not None:
     cmds["eval"] = ["-m", "xlt.eval", f"--model={FIXTURE}", "--tasks=lambada_openai", "--limit=8",

@@ -22,8 +22,9 @@ class Parser(argparse.ArgumentParser):
 
 
 def run_command(prog: str, run: Callable[[list[str]], object], argv: list[str] | None = None) -> int:
-  """`run(argv)` with the persistent compilation cache on (xlt.compile_cache); a ValueError or OSError (xlt's user errors, a file that cannot be read, a model
-  the loader refuses) is printed as "<prog>: error: <its first line>" and returns 2."""
+  """`run(argv)`, with the persistent compilation cache where asked for (xlt.compile_cache); a
+  ValueError or OSError (xlt's user errors, a file that cannot be read, a model the loader
+  refuses) is printed as "<prog>: error: <its first line>" and returns 2."""
   argv = sys.argv[1:] if argv is None else argv
   compile_cache.enable()
   try:

@@ -110,7 +110,7 @@ def place(cfg: model_lib.Config, params, mesh, rules=sharding.DEFAULT_RULES):
 
 def rows_multiple(mesh) -> int:
   """Rows of a batch must be a multiple of this: the mesh's data x fsdp size (1 without a mesh)."""
-  return 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+  return 1 if mesh is None else sharding.batch_ways(mesh)
 
 
 def _rows(x: np.ndarray, mesh):

@@ -224,7 +224,7 @@ def estimate(model_cfg, params_shapes, tx, mesh, *, batch: int, seq: int, traina
   out = state_bytes(model_cfg, params_shapes, tx, mesh, trainable=trainable, rules=rules, grad_accum=grad_accum)
   chunks = matmul.causal_query_chunks(seq) if query_chunks is None else query_chunks
   micro = batch // grad_accum
-  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  shards = sharding.batch_ways(mesh)
   platform = platform or mesh.devices.flat[0].platform
   kernel = _attention_kernel(model_cfg, platform, compute_dtype, seq)
   kw = dict(compute_dtype=compute_dtype, remat=remat, query_chunks=chunks, fused=kernel in ("cudnn", "splash"),

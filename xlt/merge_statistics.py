@@ -87,7 +87,7 @@ def _place(tokens, mask, mesh: Mesh | None) -> tuple:
   they count for nothing. The statistics sum over the batch: XLA adds the shards' parts."""
   if mesh is None:
     return tokens, mask
-  n = mesh.shape["data"] * mesh.shape["fsdp"]
+  n = sharding.batch_ways(mesh)
   pad = -tokens.shape[0] % n
   tokens, mask = (jnp.pad(x, ((0, pad),) + ((0, 0),) * (x.ndim - 1)) for x in (tokens, mask))
   return tuple(jax.device_put(x, sharding.batch_sharding(mesh, x.ndim, ensemble=False)) for x in (tokens, mask))

@@ -44,7 +44,7 @@ from xlt import attention as attention_lib
 from xlt import layers
 from xlt import matmul
 from xlt import param_paths
-from xlt.sharding import BATCH
+from xlt.sharding import BATCH, batch_ways
 from xlt.layers import DROPOUT_BITS, causal_attention, dropout, gelu, rope  # noqa: F401 (xlt.model's API)
 
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")
@@ -239,7 +239,7 @@ def batch_sharded(x_BxTxD):
   types = dict(zip(mesh.axis_names, mesh.axis_types))
   if any(types[a] != AxisType.Auto for a in BATCH):  # inside shard_map (Manual): already per device
     return x_BxTxD
-  ways = mesh.shape["data"] * mesh.shape["fsdp"]
+  ways = batch_ways(mesh)
   if ways == 1 or x_BxTxD.shape[0] % ways:  # one way, or a batch (a decode's) that does not split evenly
     return x_BxTxD
   return jax.lax.with_sharding_constraint(x_BxTxD, P(BATCH, *([None] * (x_BxTxD.ndim - 1))))

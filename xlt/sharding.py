@@ -103,8 +103,14 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
+def batch_ways(mesh) -> int:
+  """How many ways a batch is split: the size of the mesh's batch axes (data x fsdp); a Mesh or
+  an AbstractMesh."""
+  return math.prod(mesh.shape[a] for a in BATCH)
+
+
 def check_batch(batch_size: int, mesh: Mesh):
-  n = mesh.shape["data"] * mesh.shape["fsdp"]
+  n = batch_ways(mesh)
   if batch_size % n:
     raise ValueError(f"batch size {batch_size} is not divisible by the data x fsdp mesh size {n}")
 
