@@ -1,28 +1,14 @@
-"""A data-aware merge (RegMean, RegMean++, Fisher merging: xlt/merge/data_aware.py) of Hugging Face model
-directories, each expert's statistics from forward / backward passes over its own data:
+"""A data-aware merge (RegMean, RegMean++, Fisher merging: xlt/merge/data_aware.py) of Hugging
+Face model directories, each expert's statistics from forward / backward passes over its own data:
 
   python -m xlt.merge_data --config=configs/merge_data.py --config.method=regmean \
     --config.inputs.experts=ckpt/math,ckpt/swahili \
     --config.data.experts=math.jsonl,swahili.jsonl --config.output=runs/regmean
 
-Data files are JSON lines, one per expert in the experts' order: {"text": ...} (plain text,
-every token after the first a target) or the SFT reader's kinds (xlt/data/sft.py: prompt /
-completion or messages), tokenized with the first expert's tokenizer (the experts share one).
-`data.convention` says how they become rows of block_size + 1 tokens (docs/merge.md, the
-conventions against fusion-bench):
-
-  xlt            (default) examples packed into rows, each ended with the EOS, as fine-tuning
-                 reads them
-  fusion_bench   one text per row, no EOS (truncated to block_size + 1), right-padded
-
-Padding never counts: a Gram matrix counts each row's positions up to its last target, a Fisher
-its targets. The first max_examples rows of each file are measured, batch_size at a time, each
-batch split over the mesh's data axes (`mesh`, as training's: the parameters replicated on each
-device). `statistics.fisher` is "empirical" (default: the gradient of the data's own next
-tokens' loss) or "model" (fusion-bench's: the model's own next-token distribution);
-`statistics.head` (default True) measures the untied head's inputs for RegMean as it does every
-attn / mlp kernel's (False: the head is the experts' mean). Fusion-bench's RegMean and Fisher,
-from the command line:
+Data files are JSON lines, one per expert: {"text": ...} or the SFT reader's kinds
+(xlt/data/sft.py), tokenized with the first expert's tokenizer; padding never counts. Fusion-bench's
+RegMean and Fisher, in its conventions (one text per row, no EOS, the model's own Fisher; each
+field's meaning and default: docs/merge.md, "RegMean and Fisher from data"):
 
   python -m xlt.merge_data --config=configs/merge_data.py --config.method=fisher \
     --config.data.convention=fusion_bench --config.statistics.fisher=model \
