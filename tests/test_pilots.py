@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import merge as merge_config
-from configs import structure_pilots, structure_pilots_1b
+from configs import structure_pilots, structure_pilots_1b, structure_pilots_1c
 from xlt import grid, pilots
 from xlt.data import arithmetic
 from xlt.experiments.testbed import experiment as testbed
@@ -172,19 +172,22 @@ def test_zones_at_the_pilots_depth():
 
 
 @pytest.mark.parametrize("prereg_file, config", [("claims_study_2.md", structure_pilots),
-                                                  ("claims_study_2_pilots_1b.md", structure_pilots_1b)])
+                                                  ("claims_study_2_pilots_1b.md", structure_pilots_1b),
+                                                  ("claims_study_2_pilots_1c.md", structure_pilots_1c)])
 def test_the_config_matches_its_preregistration(prereg_file, config):
   prereg = pilots.claims.read_prereg(f"docs/prereg/{prereg_file}")["pilot"]
   c = config.get_config()
   assert [p["name"] for p in c.grid] == [d["name"] for d in prereg["designs"]]
   assert [p["data.base_task"][0][2] if p["data.base_task"] else 0 for p in c.grid] == [
       d["dose"] for d in prereg["designs"]]
+  assert [p.get("model.num_layers", c.model.num_layers) for p in c.grid] == [
+      d.get("num_layers", prereg["num_layers"]) for d in prereg["designs"]]
   assert c.model.num_layers == prereg["num_layers"] and c.num_seeds == len(prereg["seeds"]) and c.seed == 0
   assert c.base.train.steps == prereg.get("base_steps", 2000) == c.base.opt.total_steps
   assert ml_collections.ConfigDict(prereg["criteria"]).S3.edge_keep == 0.9
 
 
-@pytest.mark.parametrize("name", ["structure_pilots.json", "structure_pilots_1b.json"])
+@pytest.mark.parametrize("name", ["structure_pilots.json", "structure_pilots_1b.json", "structure_pilots_1c.json"])
 def test_recorded_pilot_verdicts_follow_the_rule_and_the_panel_in_docs_is_theirs(name):
   import json
   import os
@@ -199,3 +202,13 @@ def test_recorded_pilot_verdicts_follow_the_rule_and_the_panel_in_docs_is_theirs
       assert d["passes"] == pilots.design_passes(d["verdicts"])
   with open(pilots.claims.DOC) as f:
     assert f.read() == pilots.render(result, pilots.claims.DOC), "run: python -m xlt.pilots ... (the panel is stale)"
+
+
+def test_the_wall_time_line_names_each_design_s_depth_only_where_depths_differ():
+  one = {"name": "x", "status": "run", "passes": False, "seeds": [0, 1, 2], "num_layers": 8,
+         "wall_s": {"total": 600}, "verdicts": pilots.judge(_with_lens(LENS), SPEC_1B, dosed=True)}
+  result = {"stage": "pilots_1c", "prereg": {"file": "p.md", "commit": "a" * 40, "criteria": SPEC_1B},
+            "runs_commit": "b" * 40, "machine": "m", "command": "c", "designs": [one, {**one, "name": "y"}]}
+  assert "Wall time per design (3 bases, 8 blocks): x 10 min, y 10 min." in pilots.section(result)
+  result["designs"][1] = {**one, "name": "y", "num_layers": 16, "wall_s": {"total": 1500}}
+  assert "Wall time per design (3 bases): x (8 blocks) 10 min, y (16 blocks) 25 min." in pilots.section(result)

@@ -215,10 +215,12 @@ def section(result: dict) -> str:
            "base's task score; G1, G2: the gates).", "", table(result), "",
            ("Designs that pass every criterion: " + ", ".join(passed) + "." if passed else
             "No design passes every criterion." if run else "No pilot has finished yet.")]
-  wall = [f"{d['name']} {d['wall_s']['total'] / 60:.0f} min" for d in run]
+  depths = {d["num_layers"] for d in run}
+  blocks = lambda d: "" if len(depths) == 1 else f" ({d['num_layers']} blocks)"
+  wall = [f"{d['name']}{blocks(d)} {d['wall_s']['total'] / 60:.0f} min" for d in run]
   if wall:
-    lines += ["", f"Wall time per design ({len(run[0]['seeds'])} bases, {run[0]['num_layers']} blocks): "
-              + ", ".join(wall) + "."]
+    depth = f", {run[0]['num_layers']} blocks" if len(depths) == 1 else ""
+    lines += ["", f"Wall time per design ({len(run[0]['seeds'])} bases{depth}): " + ", ".join(wall) + "."]
   return "\n".join(lines + ["", end])
 
 
