@@ -155,6 +155,20 @@ def test_roofline_parses_each_collective_and_bounds_the_step():
   t = roofline.step_time(chip, flops=197e12, hbm_bytes=0.0, sent=0.0)
   assert t["bound"] == "flops" and t["step_s"] == pytest.approx(1.0)
   assert roofline.chip_of("TPU v5 lite") is chip and roofline.chip_of("cpu") is None
+  t = roofline.step_time(chip, flops=98.5e12, hbm_bytes=0.0, sent=0.0, model_flops=197e12)
+  assert t["step_s"] == pytest.approx(1.0) and t["flops_from"] == "model"
+  assert roofline.step_time(chip, 197e12, 0.0, 0.0, model_flops=98.5e12)["flops_from"] == "compiled"
+
+
+def test_cost_analysis_counts_a_loop_body_once_so_the_model_flops_are_the_floor():
+  import jax
+  import jax.numpy as jnp
+  x = jnp.ones((32, 32))
+  ten = jax.jit(lambda x: jax.lax.scan(lambda c, _: (c @ x, None), x, None, length=10)[0]).lower(x).compile()
+  one = jax.jit(lambda x: x @ x).lower(x).compile()
+  flops = [c[0] if isinstance(c, (list, tuple)) else c for c in (ten.cost_analysis(), one.cost_analysis())]
+  assert flops[0]["flops"] < 2 * flops[1]["flops"]  # ten matmuls counted as one (if this fails, the floor can go)
+  assert roofline.while_loops(ten.as_text()) == 1 and roofline.while_loops(one.as_text()) == 0
 
 
 def test_render_puts_the_tables_between_the_docs_markers(tmp_path):
@@ -168,7 +182,7 @@ def test_render_puts_the_tables_between_the_docs_markers(tmp_path):
   assert "| 1x2x1 | none |" in row
 
 
-def test_an_mfu_above_one_is_rendered_void(tmp_path):
+def test_an_mfu_above_one_is_rendered_void_and_a_floored_step_says_so(tmp_path):
   r = json.loads((REPO / "results" / "plans" / "layer_swap_8b_v6e-16.json").read_text())
   x = r["stages"][0]["candidates"][0]
   assert 0 < x["mfu"] < 1
@@ -178,6 +192,11 @@ def test_an_mfu_above_one_is_rendered_void(tmp_path):
   rows = {line.split(" | ")[2]: line for line in plan_report.markdown([f"{tmp_path}/*.json"]).splitlines()
           if "finetune_task_expert" in line}
   assert "117.0% (void" in rows["elsewhere"] and "void" not in rows[r["target"]]
+  x["mfu"], x["roofline"] = 1.0, {**x["roofline"], "bound": "flops", "flops_from": "model"}
+  (tmp_path / "void.json").write_text(json.dumps({**r, "target": "elsewhere"}))
+  rows = {line.split(" | ")[2]: line for line in plan_report.markdown([f"{tmp_path}/*.json"]).splitlines()
+          if "finetune_task_expert" in line}
+  assert "(flops, model's count) | 100.0% |" in rows["elsewhere"]
 
 
 def test_a_plan_file_records_how_it_was_made(tmp_path):

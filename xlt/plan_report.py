@@ -187,13 +187,15 @@ def plan_candidate(c, stage, config, tx, devices, spec: dict, remat: str | None,
   mem["xla_peak"] = getattr(ma, "peak_memory_in_bytes", 0)
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  found = roofline.collectives(compiled.as_text(), mesh.size)
+  hlo = compiled.as_text()
+  found = roofline.collectives(hlo, mesh.size)
   seq = batch["loss_mask"].shape[-1]
   out.update(compile_s=round(time.time() - t0, 1), memory=mem,
              state_bytes=memory.tree_bytes(abstract, st_sh), batch_bytes=memory.tree_bytes(batch, {
                  k: v.sharding for k, v in batch.items()}),
              flops=float(cost.get("flops", 0.0)), bytes_accessed=float(cost.get("bytes accessed", 0.0)),
-             collectives=roofline.summarize(found), sent=sum(x["sent"] for x in found))
+             collectives=roofline.summarize(found), sent=sum(x["sent"] for x in found),
+             while_loops=roofline.while_loops(hlo))
   platform = devices[0].platform
   out["analytic"] = _analytic(cfg, stage, tx, mesh, config, seq, platform)
   out["ratio"] = mem["peak"] / out["analytic"]["total"] if out["analytic"]["total"] else None
@@ -201,13 +203,19 @@ def plan_candidate(c, stage, config, tx, devices, spec: dict, remat: str | None,
   tokens = len(stage.members) * config.train.batch_size * seq
   out["model_flops"] = roofline.model_flops(cfg, n, n_trained, tokens, seq)
   if chip is not None:
-    out["roofline"] = roofline.step_time(chip, out["flops"], out["bytes_accessed"], out["sent"])
+    out["roofline"] = roofline.step_time(chip, out["flops"], out["bytes_accessed"], out["sent"],
+                                         out["model_flops"] / mesh.size)
     out["mfu"] = out["model_flops"] / (mesh.size * chip.bf16_flops * out["roofline"]["step_s"])
   need = mem["peak"] + mem["code"]
   out["fits"] = None if limit is None else need <= limit
   if out["fits"] is False:
     out["advice"] = _advice(need, limit, mem, remat, stage.name, out["mesh"])
   return out
+
+
+def _bound(t: dict) -> str:
+  """A step time's bound, saying where its FLOPs are the model's count (above the compiled)."""
+  return "flops, model's count" if t["bound"] == "flops" and t.get("flops_from") == "model" else t["bound"]
 
 
 def _gib(n) -> str:
@@ -317,7 +325,7 @@ def markdown(paths: list[str]) -> str:
                        f"{_mesh_text(m)} | {x['remat']} | {'**no**' if x.get('fits') is False else 'error'}: "
                        f"{x['error']} |" + " |" * 6)
           continue
-        step = f"{x['roofline']['step_s'] * 1e3:.0f} ({x['roofline']['bound']})" if "roofline" in x else "-"
+        step = f"{x['roofline']['step_s'] * 1e3:.0f} ({_bound(x['roofline'])})" if "roofline" in x else "-"
         mfu = f"{x['mfu'] * 100:.1f}%" if "mfu" in x else "-"
         if x.get("mfu", 0) > 1:  # the compiled FLOPs fell below the model's: no ceiling (docs/scale.md)
           mfu += " (void: compiled FLOPs below the model's)"

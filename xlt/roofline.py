@@ -5,7 +5,12 @@ roofline step time and MFU ceiling (xlt.plan reports them).
 Convention (every figure per device, i.e. per chip: one TPU v5e/v5p/v6e chip is one jax device):
 
   compute    t_flops = FLOPs of the compiled module (cost_analysis: remat's recomputation and
-             the optimizer included) / the chip's peak dense bf16 FLOP/s;
+             the optimizer included), or the model FLOPs below where they are more, / the
+             chip's peak dense bf16 FLOP/s. Cost analysis counts a while loop's body once,
+             whatever its trip count (tests/test_plan.py), so a module whose matmuls run in
+             loops (grad_accum's scan; the TPU compiler's windowed matmuls, which overlap an
+             FSDP all-gather with the matmul that needs it) reports fewer FLOPs than it runs;
+             the model's own count is then the better floor;
   memory     t_hbm   = bytes accessed (cost_analysis) / the chip's HBM bandwidth;
   network    t_ici   = bytes each device sends in the module's collectives / the chip's ICI
              bandwidth in one direction (half the published bidirectional figure). A ring
@@ -145,8 +150,16 @@ def model_flops(cfg, num_matmul: int, num_trained_matmul: int, tokens: int, seq:
   return tokens * (4 * num_matmul + 2 * num_trained_matmul + 3 * attention)
 
 
-def step_time(chip: Chip, flops: float, hbm_bytes: float, sent: float) -> dict:
-  """The module doc's roofline: {"flops_s", "hbm_s", "ici_s", "step_s", "bound"}."""
-  t = {"flops_s": flops / chip.bf16_flops, "hbm_s": hbm_bytes / chip.hbm_bw, "ici_s": sent / chip.ici_bw}
+def step_time(chip: Chip, flops: float, hbm_bytes: float, sent: float, model_flops: float = 0.0) -> dict:
+  """The module doc's roofline: {"flops_s", "hbm_s", "ici_s", "step_s", "bound", "flops_from"},
+  `model_flops` per device the floor under the compiled `flops` ("flops_from": which was used)."""
+  used = "model" if model_flops > flops else "compiled"
+  t = {"flops_s": max(flops, model_flops) / chip.bf16_flops, "hbm_s": hbm_bytes / chip.hbm_bw,
+       "ici_s": sent / chip.ici_bw}
   bound = max(t, key=t.get)
-  return {**t, "step_s": t[bound], "bound": bound.removesuffix("_s")}
+  return {**t, "step_s": t[bound], "bound": bound.removesuffix("_s"), "flops_from": used}
+
+
+def while_loops(hlo_text: str) -> int:
+  """How many while instructions an HLO module holds (each body counted once by cost analysis)."""
+  return len(re.findall(r"\swhile\(", hlo_text))
